@@ -1,0 +1,43 @@
+# ratelimit-wasm: `make demo` shows it working, `make test` runs every test.
+WASM := target/wasm32-wasip1/release/ratelimit_wasm.wasm
+SHIM := target/release/redis-shim
+
+.PHONY: setup build wasm shim test unit e2e lint fmt up down demo clean
+
+setup:
+	@scripts/setup.sh
+
+build: setup wasm shim
+
+wasm:
+	@scripts/build-wasm.sh
+
+shim:
+	@cargo build --quiet --release -p redis-shim
+
+test: build
+	cargo test --workspace --all-targets
+
+unit:
+	cargo test --workspace --lib --bins
+
+lint:
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+fmt:
+	cargo fmt --all
+
+up: build
+	@scripts/stack.sh up
+
+down:
+	@scripts/stack.sh down
+
+demo: build
+	@scripts/stack.sh up >/dev/null
+	@scripts/demo.sh || { scripts/stack.sh down; exit 1; }
+	@scripts/stack.sh down
+
+clean: down
+	rm -rf target .run

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# `stack.sh up` starts Redis (127.0.0.1:8401), the shim (8400) and Envoy (10000, admin
+# 9901, envoy.yaml) in the background and waits until each is ready; `stack.sh down`
+# stops exactly the processes `up` started (their pids are kept in .run/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUN=.run
+REDIS_PORT=8401 SHIM_PORT=8400 ENVOY_PORT=10000 ADMIN_PORT=9901
+
+wait_for() { # description, command...
+    local what=$1; shift
+    for _ in $(seq 1 100); do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        sleep 0.1
+    done
+    echo "stack: $what did not become ready; see $RUN/*.log" >&2
+    return 1
+}
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+up() {
+    mkdir -p "$RUN"
+    for port in $REDIS_PORT $SHIM_PORT $ENVOY_PORT $ADMIN_PORT; do
+        port_free "$port" || { echo "stack: port $port is in use (is the stack already up? 'make down')" >&2; exit 1; }
+    done
+    redis-server --port $REDIS_PORT --bind 127.0.0.1 --save "" --appendonly no \
+        --logfile "$PWD/$RUN/redis.log" --daemonize yes --pidfile "$PWD/$RUN/redis.pid"
+    wait_for "Redis" redis-cli -p $REDIS_PORT ping
+
+    target/release/redis-shim --listen 127.0.0.1:$SHIM_PORT --redis-url redis://127.0.0.1:$REDIS_PORT \
+        >"$RUN/shim.log" 2>&1 &
+    echo $! >"$RUN/shim.pid"
+    wait_for "the shim" curl -sf http://127.0.0.1:$SHIM_PORT/healthz
+
+    # Envoy stops when its parent process exits (it asks the kernel for SIGTERM on its
+    # parent's death), so it runs under a shell that stays; stopping that shell stops it.
+    sh -c ".venv/bin/envoy -c envoy.yaml --concurrency 2 --use-dynamic-base-id --log-level warn \
+        --component-log-level wasm:info >$RUN/envoy.log 2>&1" &
+    echo $! >"$RUN/envoy.pid"
+    wait_for "Envoy" sh -c "curl -sf http://127.0.0.1:$ADMIN_PORT/ready | grep -q LIVE"
+
+    echo "Redis  redis://127.0.0.1:$REDIS_PORT"
+    echo "shim   http://127.0.0.1:$SHIM_PORT  (POST /v1/check, GET /healthz)"
+    echo "Envoy  http://127.0.0.1:$ENVOY_PORT  (admin http://127.0.0.1:$ADMIN_PORT)"
+    echo "logs   $RUN/"
+}
+
+down() {
+    for name in envoy shim redis; do
+        if [ -f "$RUN/$name.pid" ]; then
+            pid=$(cat "$RUN/$name.pid")
+            kill "$pid" 2>/dev/null || true
+            # Wait for the ports to be released, so `make up` can follow at once.
+            for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+            rm -f "$RUN/$name.pid"
+        fi
+    done
+}
+
+case "${1:-}" in
+    up) up ;;
+    down) down ;;
+    *) echo "usage: $0 up|down" >&2; exit 2 ;;
+esac

@@ -1,0 +1,17 @@
+//! ratelimit-wasm: a distributed HTTP rate limiter for Envoy.
+//!
+//! The crate is two things at once. Compiled for `wasm32`, it is the proxy-wasm HTTP
+//! filter (the thin host layer in [`host`]). Compiled natively, it is the pure decision
+//! logic that layer drives: configuration ([`config`]), counter keys ([`keys`]), the
+//! filter-to-shim wire format ([`wire`], also used by `redis-shim`) and the client-facing
+//! response contract ([`response`]). Nothing outside [`host`] touches the proxy-wasm host,
+//! so `cargo test` exercises every decision natively.
+
+pub mod config;
+pub mod keys;
+pub mod response;
+pub mod wire;
+
+// Natively the host layer is only type-checked (by clippy), never linked.
+#[cfg(any(target_arch = "wasm32", clippy))]
+mod host;

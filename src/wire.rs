@@ -1,0 +1,235 @@
+//! The filter-to-shim wire format: one definition, serialised by the filter and parsed
+//! and validated by `redis-shim`.
+//!
+//! A request carries every rule that applies to one HTTP request; the shim decides them
+//! together, atomically: either every check is charged or none is.
+
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::fmt;
+
+/// Path of the shim's check endpoint.
+pub const CHECK_PATH: &str = "/v1/check";
+/// Header carrying the shared token, when the shim requires one.
+pub const TOKEN_HEADER: &str = "x-ratelimit-token";
+/// Most checks one request may carry (one per matching rule).
+pub const MAX_CHECKS: usize = 16;
+/// Longest counter key accepted, before the shim's namespace prefix.
+pub const MAX_KEY_LEN: usize = 200;
+/// Longest period accepted: one year. Keeps every time value exact in Lua's doubles.
+pub const MAX_PERIOD_MS: u64 = 366 * 24 * 3600 * 1000;
+/// Largest limit accepted.
+pub const MAX_LIMIT: u64 = 1_000_000_000;
+
+/// The counting algorithm a check runs in Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Capacity `limit`, refilled continuously at `limit / period`.
+    #[default]
+    TokenBucket,
+}
+
+impl Algorithm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+        }
+    }
+}
+
+/// `POST /v1/check` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckRequest {
+    pub checks: Vec<Check>,
+}
+
+/// One rule's check for one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Check {
+    /// Counter key, already encoded and hashed by the filter (see `keys`).
+    pub key: String,
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    pub limit: u64,
+    pub period_ms: u64,
+    #[serde(default = "default_cost")]
+    pub cost: u64,
+}
+
+fn default_cost() -> u64 {
+    1
+}
+
+/// `POST /v1/check` answer: the overall decision and one result per check, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckResponse {
+    pub allowed: bool,
+    pub results: Vec<CheckResult>,
+}
+
+/// The state of one rule's counter after the check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckResult {
+    /// Whether this rule alone would admit the request.
+    pub allowed: bool,
+    pub limit: u64,
+    /// Whole requests (of cost 1) still admissible now.
+    pub remaining: u64,
+    /// Milliseconds until the counter is back to its full limit.
+    pub reset_ms: u64,
+    /// Milliseconds until this rule would admit the request; 0 when allowed.
+    pub retry_after_ms: u64,
+}
+
+/// Why a check request is refused before it reaches Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidRequest(pub String);
+
+impl fmt::Display for InvalidRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for InvalidRequest {}
+
+impl CheckRequest {
+    /// Checks every bound the shim relies on, so an out-of-range request touches no key.
+    pub fn validate(&self) -> Result<(), InvalidRequest> {
+        let fail = |msg: String| Err(InvalidRequest(msg));
+        if self.checks.is_empty() {
+            return fail("checks: must contain at least one check".into());
+        }
+        if self.checks.len() > MAX_CHECKS {
+            return fail(format!("checks: at most {MAX_CHECKS} checks per request"));
+        }
+        let mut seen = HashSet::new();
+        for (i, check) in self.checks.iter().enumerate() {
+            if check.key.is_empty() || check.key.len() > MAX_KEY_LEN {
+                return fail(format!("checks[{i}].key: length must be 1..={MAX_KEY_LEN}"));
+            }
+            if !check.key.bytes().all(|b| b.is_ascii_graphic()) {
+                return fail(format!("checks[{i}].key: must be printable ASCII"));
+            }
+            if !seen.insert(check.key.as_str()) {
+                return fail(format!("checks[{i}].key: duplicate key in one request"));
+            }
+            if check.limit == 0 || check.limit > MAX_LIMIT {
+                return fail(format!("checks[{i}].limit: must be 1..={MAX_LIMIT}"));
+            }
+            if check.period_ms == 0 || check.period_ms > MAX_PERIOD_MS {
+                return fail(format!("checks[{i}].period_ms: must be 1..={MAX_PERIOD_MS}"));
+            }
+            if check.cost == 0 || check.cost > check.limit {
+                return fail(format!("checks[{i}].cost: must be 1..=limit"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(key: &str) -> Check {
+        Check {
+            key: key.into(),
+            algorithm: Algorithm::TokenBucket,
+            limit: 5,
+            period_ms: 60_000,
+            cost: 1,
+        }
+    }
+
+    #[test]
+    fn round_trips_through_json_with_defaults() {
+        let parsed: CheckRequest =
+            serde_json::from_str(r#"{"checks":[{"key":"r:k","limit":5,"period_ms":60000}]}"#).unwrap();
+        assert_eq!(parsed.checks[0], check("r:k"));
+        let again: CheckRequest = serde_json::from_str(&serde_json::to_string(&parsed).unwrap()).unwrap();
+        assert_eq!(again, parsed);
+    }
+
+    #[test]
+    fn rejects_unknown_fields() {
+        let err = serde_json::from_str::<CheckRequest>(
+            r#"{"checks":[{"key":"k","limit":5,"period_ms":1,"bogus":1}]}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn validation_names_the_offending_field() {
+        let cases: Vec<(CheckRequest, &str)> = vec![
+            (CheckRequest { checks: vec![] }, "checks:"),
+            (
+                CheckRequest {
+                    checks: vec![Check {
+                        limit: 0,
+                        ..check("a")
+                    }],
+                },
+                "checks[0].limit",
+            ),
+            (
+                CheckRequest {
+                    checks: vec![
+                        check("a"),
+                        Check {
+                            period_ms: 0,
+                            ..check("b")
+                        },
+                    ],
+                },
+                "checks[1].period_ms",
+            ),
+            (
+                CheckRequest {
+                    checks: vec![Check {
+                        cost: 6,
+                        ..check("a")
+                    }],
+                },
+                "checks[0].cost",
+            ),
+            (
+                CheckRequest {
+                    checks: vec![check(&"x".repeat(MAX_KEY_LEN + 1))],
+                },
+                "checks[0].key",
+            ),
+            (
+                CheckRequest {
+                    checks: vec![check("a b")],
+                },
+                "checks[0].key",
+            ),
+            (
+                CheckRequest {
+                    checks: vec![check("a"), check("a")],
+                },
+                "duplicate",
+            ),
+            (
+                CheckRequest {
+                    checks: vec![check("a"); MAX_CHECKS + 1],
+                },
+                "at most",
+            ),
+        ];
+        for (request, expected) in cases {
+            let err = request.validate().unwrap_err();
+            assert!(err.0.contains(expected), "{err} should mention {expected}");
+        }
+        assert!(CheckRequest {
+            checks: vec![check("a"), check("b")]
+        }
+        .validate()
+        .is_ok());
+    }
+}

@@ -1,0 +1,159 @@
+//! End to end: real Envoy loading the built filter, the real shim, real Redis.
+
+mod support;
+
+use serde_json::json;
+use std::time::{SystemTime, UNIX_EPOCH};
+use support::*;
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+#[test]
+fn limit_of_five_admits_five_then_answers_429_with_headers() {
+    let stack = Stack::start(&api_key_rule(5, "60s"));
+    let url = stack.envoy.url("/");
+    let key = [("x-api-key", "client-a")];
+
+    for expected_remaining in (0..5).rev() {
+        let before = unix_now();
+        let reply = get(&url, &key);
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(reply.number("x-ratelimit-limit"), 5);
+        assert_eq!(reply.number("x-ratelimit-remaining"), expected_remaining);
+        // Full again after (5 - remaining) tokens at 12 s each, as a Unix time.
+        let reset = reply.number("x-ratelimit-reset");
+        let refill = (5 - expected_remaining) * 12;
+        assert!(
+            reset >= before + refill && reset <= unix_now() + refill + 1,
+            "reset {reset}"
+        );
+        assert_eq!(reply.header("retry-after"), None);
+    }
+
+    let refused = get(&url, &key);
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert_eq!(refused.number("x-ratelimit-limit"), 5);
+    assert_eq!(refused.number("x-ratelimit-remaining"), 0);
+    let retry_after = refused.number("retry-after");
+    assert!(
+        (1..=12).contains(&retry_after),
+        "one token refills in 12 s, got {retry_after}"
+    );
+    assert!(refused.number("x-ratelimit-reset") >= unix_now() + 48);
+    assert_eq!(refused.header("content-type"), Some("application/problem+json"));
+    let body: serde_json::Value = serde_json::from_str(&refused.body).unwrap();
+    assert_eq!(body["rule"], "per-api-key");
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["retry_after"], retry_after);
+
+    // Another key has its own budget; a request without the key is not limited.
+    assert_eq!(get(&url, &[("x-api-key", "client-b")]).status, 200);
+    let unkeyed = get(&url, &[]);
+    assert_eq!(unkeyed.status, 200);
+    assert_eq!(unkeyed.header("x-ratelimit-limit"), None);
+}
+
+#[test]
+fn twenty_concurrent_requests_on_one_key_admit_exactly_five() {
+    let stack = Stack::start(&api_key_rule(5, "60s"));
+    let url = stack.envoy.url("/");
+    let replies = concurrently(20, move |_| get(&url, &[("x-api-key", "hot-key")]));
+    assert_eq!(count_status(&replies, 200), 5, "{replies:?}");
+    assert_eq!(count_status(&replies, 429), 15, "{replies:?}");
+}
+
+#[test]
+fn two_envoys_sharing_one_shim_admit_exactly_the_limit() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &[]);
+    let config = api_key_rule(7, "60s");
+    let first = Envoy::start(shim.port, &config);
+    let second = Envoy::start(shim.port, &config);
+    let urls = [first.url("/"), second.url("/")];
+    let replies = concurrently(24, move |i| get(&urls[i % 2], &[("x-api-key", "shared")]));
+    assert_eq!(count_status(&replies, 200), 7, "{replies:?}");
+    assert_eq!(count_status(&replies, 429), 17, "{replies:?}");
+}
+
+#[test]
+fn counter_key_in_redis_has_a_ttl_and_no_raw_api_key() {
+    let stack = Stack::start(&api_key_rule(5, "60s"));
+    assert_eq!(
+        get(&stack.envoy.url("/"), &[("x-api-key", "sk-live-secret")]).status,
+        200
+    );
+    let keys = stack.redis.cli(&["--scan", "--pattern", "*"]);
+    let keys: Vec<&str> = keys.lines().collect();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(keys[0].starts_with("rl:per-api-key:"), "{}", keys[0]);
+    assert!(
+        !keys[0].contains("secret"),
+        "raw API key in Redis key {}",
+        keys[0]
+    );
+    let ttl_ms: i64 = stack.redis.cli(&["PTTL", keys[0]]).parse().unwrap();
+    // One token spent of a 5-per-60 s bucket: full again in 12 s.
+    assert!(ttl_ms > 0 && ttl_ms <= 12_000, "PTTL {ttl_ms}");
+}
+
+#[test]
+fn unreachable_shim_applies_the_failure_mode_without_hanging() {
+    let dead_port = free_port();
+    for (mode, expected) in [("open", 200), ("closed", 503)] {
+        let config = json!({
+            "shim_cluster": "ratelimit_shim",
+            "timeout": "500ms",
+            "failure_mode": mode,
+            "rules": [{ "name": "r", "key": [{ "header": "x-api-key" }], "limit": 1, "period": "1m" }]
+        });
+        let envoy = Envoy::start(dead_port, &config);
+        for _ in 0..3 {
+            let reply = get(&envoy.url("/"), &[("x-api-key", "k")]);
+            assert_eq!(reply.status, expected, "mode {mode}: {reply:?}");
+        }
+    }
+}
+
+#[test]
+fn shipped_envoy_yaml_passes_envoy_validation() {
+    wasm_path();
+    let (ok, output) = envoy_validate(&repo_root().join("envoy.yaml"));
+    assert!(ok, "{output}");
+    assert!(output.contains("configured with 1 rule(s)"), "{output}");
+}
+
+#[test]
+fn envoy_refuses_bad_plugin_configs_naming_the_field() {
+    let rule = |extra: serde_json::Value| {
+        let mut rule = json!({ "name": "r", "key": [{ "header": "x-api-key" }], "limit": 5, "period": "1m" });
+        for (k, v) in extra.as_object().unwrap() {
+            if v.is_null() {
+                rule.as_object_mut().unwrap().remove(k);
+            } else {
+                rule[k] = v.clone();
+            }
+        }
+        json!({ "shim_cluster": "ratelimit_shim", "rules": [rule] })
+    };
+    let cases = [
+        (rule(json!({ "limit": null })), "rules[0]: missing field `limit`"),
+        (rule(json!({ "limit": 0 })), "rules[0].limit"),
+        (rule(json!({ "period": "0s" })), "rules[0].period"),
+        (rule(json!({ "period": "soon" })), "rules[0].period"),
+        (rule(json!({ "cost": 9 })), "rules[0].cost"),
+        (rule(json!({ "algorithm": "magic" })), "rules[0].algorithm"),
+        (rule(json!({ "burst": 3 })), "unknown field `burst`"),
+        (json!({ "rules": [] }), "missing field `shim_cluster`"),
+    ];
+    for (config, expected) in cases {
+        let (ok, output) = envoy_validate_plugin(&config);
+        assert!(!ok, "{config} was accepted");
+        assert!(output.contains("invalid plugin configuration"), "{output}");
+        assert!(
+            output.contains(expected),
+            "{config}: expected {expected:?} in\n{output}"
+        );
+    }
+}

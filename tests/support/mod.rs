@@ -1,0 +1,467 @@
+//! Test harness: starts real Redis, the real shim binary and real Envoy loading the built
+//! `.wasm`, each on free loopback ports, and stops them when dropped.
+//!
+//! Readiness is polled (Redis PING, shim `/healthz`, Envoy admin `/ready`), never slept
+//! for. Binaries come from `make build`; Envoy from `.venv` (or `ENVOY_BIN`).
+#![allow(dead_code)] // each test binary uses its own subset
+
+use serde_json::{json, Value};
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn built(relative: &str) -> PathBuf {
+    let path = repo_root().join(relative);
+    assert!(
+        path.exists(),
+        "{} is missing: run `make build` first",
+        path.display()
+    );
+    path
+}
+
+pub fn wasm_path() -> PathBuf {
+    built("target/wasm32-wasip1/release/ratelimit_wasm.wasm")
+}
+
+pub fn shim_path() -> PathBuf {
+    built("target/release/redis-shim")
+}
+
+pub fn envoy_path() -> PathBuf {
+    match std::env::var_os("ENVOY_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => built(".venv/bin/envoy"),
+    }
+}
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A directory for one process's config and log, unique within this test run.
+fn scratch_dir(name: &str) -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir = repo_root().join("target/test-runs").join(format!(
+        "{}-{}-{}",
+        name,
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Polls `ready` until it holds or `timeout` passes.
+pub fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !ready() {
+        assert!(Instant::now() < deadline, "{what} not ready after {timeout:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process killed on drop; its output goes to `log`.
+pub struct Process {
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Process {
+    fn spawn(command: &mut Command, log: PathBuf) -> Process {
+        let out = fs::File::create(&log).unwrap();
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"));
+        Process { child, log }
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub struct Redis {
+    pub port: u16,
+    process: Process,
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        let port = free_port();
+        let dir = scratch_dir("redis");
+        let process = Process::spawn(
+            Command::new("redis-server")
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .current_dir(&dir),
+            dir.join("redis.log"),
+        );
+        let redis = Redis { port, process };
+        wait_until("redis", Duration::from_secs(10), || {
+            redis.try_cli(&["PING"]).as_deref() == Some("PONG")
+        });
+        redis
+    }
+
+    fn try_cli(&self, args: &[&str]) -> Option<String> {
+        let output = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .ok()?;
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+    }
+
+    /// Runs one redis-cli command and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        self.try_cli(args)
+            .unwrap_or_else(|| panic!("redis-cli {args:?} failed"))
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn stop(&mut self) {
+        self.process.kill();
+    }
+}
+
+pub struct Shim {
+    pub port: u16,
+    pub process: Process,
+}
+
+impl Shim {
+    pub fn start(redis_url: &str, extra_args: &[&str]) -> Shim {
+        Shim::start_on(free_port(), redis_url, extra_args)
+    }
+
+    pub fn start_on(port: u16, redis_url: &str, extra_args: &[&str]) -> Shim {
+        let dir = scratch_dir("shim");
+        let process = Process::spawn(
+            Command::new(shim_path())
+                .args(["--listen", &format!("127.0.0.1:{port}"), "--redis-url", redis_url])
+                .args(extra_args),
+            dir.join("shim.log"),
+        );
+        let shim = Shim { port, process };
+        wait_until("shim", Duration::from_secs(10), || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        shim
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+}
+
+pub struct Envoy {
+    pub port: u16,
+    pub admin_port: u16,
+    pub process: Process,
+}
+
+impl Envoy {
+    /// Starts Envoy with the filter configured by `plugin_config`, calling the shim on
+    /// `shim_port`, with a route that answers 200 itself.
+    pub fn start(shim_port: u16, plugin_config: &Value) -> Envoy {
+        let (port, admin_port) = (free_port(), free_port());
+        let dir = scratch_dir("envoy");
+        let config_path = dir.join("envoy.json");
+        let config = envoy_config(port, admin_port, shim_port, plugin_config);
+        fs::write(&config_path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+        let process = Process::spawn(
+            Command::new(envoy_path())
+                .arg("-c")
+                .arg(&config_path)
+                .args([
+                    "--concurrency",
+                    "2",
+                    "--use-dynamic-base-id",
+                    "--log-level",
+                    "warn",
+                ])
+                .args(["--component-log-level", "wasm:info"]),
+            dir.join("envoy.log"),
+        );
+        let envoy = Envoy {
+            port,
+            admin_port,
+            process,
+        };
+        wait_until("envoy", Duration::from_secs(30), || {
+            get(&format!("http://127.0.0.1:{admin_port}/ready"), &[])
+                .body
+                .trim()
+                == "LIVE"
+        });
+        envoy
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+}
+
+/// An Envoy bootstrap (as JSON) with the filter in front of a direct 200 response.
+pub fn envoy_config(port: u16, admin_port: u16, shim_port: u16, plugin_config: &Value) -> Value {
+    let address = |port: u16| json!({ "socket_address": { "address": "127.0.0.1", "port_value": port } });
+    json!({
+        "static_resources": {
+            "listeners": [{
+                "name": "test",
+                "address": address(port),
+                "filter_chains": [{ "filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "test",
+                        "route_config": { "virtual_hosts": [{
+                            "name": "test", "domains": ["*"],
+                            "routes": [{ "match": { "prefix": "/" },
+                                         "direct_response": { "status": 200, "body": { "inline_string": "ok" } } }]
+                        }]},
+                        "http_filters": [
+                            wasm_filter(plugin_config),
+                            { "name": "envoy.filters.http.router",
+                              "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" } }
+                        ]
+                    }
+                }]}]
+            }],
+            "clusters": [{
+                "name": "ratelimit_shim",
+                "type": "STATIC",
+                "connect_timeout": "0.25s",
+                "load_assignment": { "cluster_name": "ratelimit_shim",
+                    "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": address(shim_port) } }] }] }
+            }]
+        },
+        "admin": { "address": address(admin_port) }
+    })
+}
+
+pub fn wasm_filter(plugin_config: &Value) -> Value {
+    json!({
+        "name": "envoy.filters.http.wasm",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": "ratelimit",
+                "root_id": "ratelimit",
+                "vm_config": {
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": { "local": { "filename": wasm_path() } }
+                },
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": plugin_config.to_string()
+                }
+            }
+        }
+    })
+}
+
+/// Runs `envoy --mode validate` on a config file; returns (success, output).
+pub fn envoy_validate(config_path: &Path) -> (bool, String) {
+    let output = Command::new(envoy_path())
+        .arg("--mode")
+        .arg("validate")
+        .arg("-c")
+        .arg(config_path)
+        .args(["--log-level", "info", "--use-dynamic-base-id"])
+        .current_dir(repo_root())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// Validates an Envoy config built around `plugin_config`.
+pub fn envoy_validate_plugin(plugin_config: &Value) -> (bool, String) {
+    let dir = scratch_dir("validate");
+    let path = dir.join("envoy.json");
+    let config = envoy_config(free_port(), free_port(), free_port(), plugin_config);
+    fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    envoy_validate(&path)
+}
+
+/// The plugin config of one token-bucket rule keyed on `x-api-key`.
+pub fn api_key_rule(limit: u64, period: &str) -> Value {
+    json!({
+        "shim_cluster": "ratelimit_shim",
+        // Generous: on a loaded two-core machine a slow answer must not turn into a
+        // fail-open admission and blur the counts these tests assert.
+        "timeout": "5s",
+        "rules": [{ "name": "per-api-key", "key": [{ "header": "x-api-key" }], "limit": limit, "period": period }]
+    })
+}
+
+/// Redis, the shim and one Envoy, wired together.
+pub struct Stack {
+    pub redis: Redis,
+    pub shim: Shim,
+    pub envoy: Envoy,
+}
+
+impl Stack {
+    pub fn start(plugin_config: &Value) -> Stack {
+        let redis = Redis::start();
+        let shim = Shim::start(&redis.url(), &[]);
+        let envoy = Envoy::start(shim.port, plugin_config);
+        Stack { redis, shim, envoy }
+    }
+}
+
+/// An HTTP response, whatever its status.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A header's value as a number, failing the test when absent or not a number.
+    pub fn number(&self, name: &str) -> u64 {
+        let value = self
+            .header(name)
+            .unwrap_or_else(|| panic!("no {name} header in {self:?}"));
+        value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}: {value:?} is not a number"))
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new().timeout(Duration::from_secs(10)).build()
+}
+
+fn into_reply(result: Result<ureq::Response, ureq::Error>) -> Reply {
+    let response = match result {
+        Ok(response) | Err(ureq::Error::Status(_, response)) => response,
+        Err(ureq::Error::Transport(e)) => {
+            return Reply {
+                status: 0,
+                headers: vec![],
+                body: e.to_string(),
+            }
+        }
+    };
+    let status = response.status();
+    let headers = response
+        .headers_names()
+        .into_iter()
+        .filter_map(|name| response.header(&name).map(|v| (name.clone(), v.to_string())))
+        .collect();
+    let mut body = String::new();
+    let _ = response.into_reader().take(1 << 20).read_to_string(&mut body);
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// GET with headers; a transport failure is status 0.
+pub fn get(url: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut request = agent().get(url);
+    for (name, value) in headers {
+        request = request.set(name, value);
+    }
+    into_reply(request.call())
+}
+
+/// POST a JSON body with headers; a transport failure is status 0.
+pub fn post(url: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut request = agent().post(url).set("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.set(name, value);
+    }
+    into_reply(request.send_string(body))
+}
+
+/// Sends `count` requests at once (released together by a barrier) and returns them.
+pub fn concurrently<F>(count: usize, send: F) -> Vec<Reply>
+where
+    F: Fn(usize) -> Reply + Send + Sync + 'static,
+{
+    let send = std::sync::Arc::new(send);
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(count));
+    let handles: Vec<_> = (0..count)
+        .map(|i| {
+            let (send, barrier) = (send.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                send(i)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+pub fn count_status(replies: &[Reply], status: u16) -> usize {
+    replies.iter().filter(|r| r.status == status).count()
+}
+
+/// Writes raw bytes to a port and returns what comes back (for malformed-request tests).
+pub fn raw_exchange(port: u16, bytes: &[u8]) -> String {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    stream.write_all(bytes).unwrap();
+    let mut out = String::new();
+    let _ = stream.read_to_string(&mut out);
+    out
+}
