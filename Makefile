@@ -16,7 +16,7 @@ shim:
 	@cargo build --quiet --release -p redis-shim
 
 test: build
-	cargo test --workspace --all-targets
+	cargo test --workspace --lib --tests
 
 unit:
 	cargo test --workspace --lib --bins

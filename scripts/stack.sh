@@ -29,14 +29,14 @@ up() {
     wait_for "Redis" redis-cli -p $REDIS_PORT ping
 
     target/release/redis-shim --listen 127.0.0.1:$SHIM_PORT --redis-url redis://127.0.0.1:$REDIS_PORT \
-        >"$RUN/shim.log" 2>&1 &
+        </dev/null >"$RUN/shim.log" 2>&1 &
     echo $! >"$RUN/shim.pid"
     wait_for "the shim" curl -sf http://127.0.0.1:$SHIM_PORT/healthz
 
     # Envoy stops when its parent process exits (it asks the kernel for SIGTERM on its
     # parent's death), so it runs under a shell that stays; stopping that shell stops it.
     sh -c ".venv/bin/envoy -c envoy.yaml --concurrency 2 --use-dynamic-base-id --log-level warn \
-        --component-log-level wasm:info >$RUN/envoy.log 2>&1" &
+        --component-log-level wasm:info >$RUN/envoy.log 2>&1" </dev/null >/dev/null 2>&1 &
     echo $! >"$RUN/envoy.pid"
     wait_for "Envoy" sh -c "curl -sf http://127.0.0.1:$ADMIN_PORT/ready | grep -q LIVE"
 
