@@ -201,6 +201,8 @@ impl HttpContext for RateLimitRequest {
                     limit: rule.limit,
                     period_ms: rule.period_ms,
                     cost: rule.cost,
+                    shadow: false,
+                    lease: 0,
                 });
                 self.checked_rules.push(index);
             }

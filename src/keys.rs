@@ -3,9 +3,11 @@
 //!
 //! Keys are unambiguous and carry no client data in the clear: each part is written with
 //! its kind and length before its bytes, the whole is hashed with SHA-256, and the key is
-//! `<rule name>:<first 128 bits of the hash, hex>`. Rule names cannot contain `:`, so two
-//! different rule/part combinations never share a counter, and an API key never reaches
-//! Redis.
+//! `<rule name>:{<first 128 bits of the hash, hex>}`. Rule names cannot contain `:`, so
+//! two different rule/part combinations never share a counter, and an API key never
+//! reaches Redis. The hash is a Redis Cluster hash tag: the rules of one request that key
+//! on the same parts (per user per minute and per user per day, say) land in one slot and
+//! are checked in one atomic script.
 
 use crate::config::Rule;
 use serde::Deserialize;
@@ -75,13 +77,14 @@ pub fn counter_key(rule: &Rule, request: &impl RequestAttributes) -> Option<Stri
         hasher.update(value.as_bytes());
     }
     let digest = hasher.finalize();
-    let mut key = String::with_capacity(rule.name.len() + 33);
+    let mut key = String::with_capacity(rule.name.len() + 35);
     key.push_str(&rule.name);
-    key.push(':');
+    key.push_str(":{");
     for byte in &digest[..16] {
         key.push(char::from(HEX[usize::from(byte >> 4)]));
         key.push(char::from(HEX[usize::from(byte & 0xf)]));
     }
+    key.push('}');
     Some(key)
 }
 
@@ -143,8 +146,8 @@ mod tests {
     fn header_key_is_hashed_and_prefixed_by_rule() {
         let rule = rule("per-key", vec![KeyPart::Header("x-api-key".into())]);
         let key = counter_key(&rule, &request(&[("x-api-key", "secret-123")], None)).unwrap();
-        assert!(key.starts_with("per-key:"), "{key}");
-        assert_eq!(key.len(), "per-key:".len() + 32);
+        assert!(key.starts_with("per-key:{") && key.ends_with('}'), "{key}");
+        assert_eq!(key.len(), "per-key:{}".len() + 32);
         assert!(!key.contains("secret"), "raw API key leaked into {key}");
         let again = counter_key(&rule, &request(&[("x-api-key", "secret-123")], None)).unwrap();
         assert_eq!(key, again);
@@ -187,6 +190,18 @@ mod tests {
         let by_key_too = rule("b", vec![KeyPart::Header("x-api-key".into())]);
         let req = request(&[("x-api-key", "k")], None);
         assert_ne!(counter_key(&by_key, &req), counter_key(&by_key_too, &req));
+    }
+
+    #[test]
+    fn rules_on_the_same_parts_share_a_hash_tag() {
+        let minute = rule("per-minute", vec![KeyPart::Header("x-user".into())]);
+        let day = rule("per-day", vec![KeyPart::Header("x-user".into())]);
+        let req = request(&[("x-user", "alice")], None);
+        let tag = |key: String| key[key.find('{').unwrap()..].to_string();
+        assert_eq!(
+            tag(counter_key(&minute, &req).unwrap()),
+            tag(counter_key(&day, &req).unwrap())
+        );
     }
 
     #[test]

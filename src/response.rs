@@ -173,6 +173,7 @@ mod tests {
             remaining,
             reset_ms,
             retry_after_ms,
+            granted: if allowed { 1 } else { 0 },
         }
     }
 

@@ -2,7 +2,18 @@
 //! and validated by `redis-shim`.
 //!
 //! A request carries every rule that applies to one HTTP request; the shim decides them
-//! together, atomically: either every check is charged or none is.
+//! together, atomically: either every enforcing check is charged or none is.
+//!
+//! Semantics every algorithm's script follows:
+//! - The request is allowed when every check with `shadow: false` admits it. Only then is
+//!   anything charged: each enforcing check, and each shadow check that itself admits.
+//!   A shadow check never changes the decision; its counter moves so that what it would
+//!   have refused can be logged.
+//! - A check with `lease: N` (N >= cost) asks for up to N tokens: when allowed it is
+//!   charged and granted `min(N, available)` (at least `cost`), reported in `granted`.
+//! - `remaining` counts whole requests of cost 1 still admissible now (after the charge);
+//!   `reset_ms` is the time until the counter is back to its full limit; `retry_after_ms`
+//!   the time until this check would admit the request (0 when it admits).
 
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -20,6 +31,8 @@ pub const MAX_KEY_LEN: usize = 200;
 pub const MAX_PERIOD_MS: u64 = 366 * 24 * 3600 * 1000;
 /// Largest limit accepted.
 pub const MAX_LIMIT: u64 = 1_000_000_000;
+/// Largest limit of a sliding window log, which stores one entry per admitted token.
+pub const MAX_LOG_LIMIT: u64 = 10_000;
 
 /// The counting algorithm a check runs in Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -28,12 +41,29 @@ pub enum Algorithm {
     /// Capacity `limit`, refilled continuously at `limit / period`.
     #[default]
     TokenBucket,
+    /// At most `limit` per aligned window of `period`; a boundary burst of 2x passes.
+    FixedWindow,
+    /// At most `limit` in any trailing `period`, exactly; one entry per token.
+    SlidingWindowLog,
+    /// The previous window weighted by its overlap plus the current one: close to the
+    /// sliding limit with two counters.
+    SlidingWindowCounter,
 }
 
 impl Algorithm {
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Algorithm::TokenBucket => "token_bucket",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
         }
     }
 }
@@ -57,6 +87,20 @@ pub struct Check {
     pub period_ms: u64,
     #[serde(default = "default_cost")]
     pub cost: u64,
+    /// Counts but never refuses.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shadow: bool,
+    /// Tokens to take at once for a local lease (0: no lease, take `cost`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lease: u64,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 fn default_cost() -> u64 {
@@ -82,6 +126,9 @@ pub struct CheckResult {
     pub reset_ms: u64,
     /// Milliseconds until this rule would admit the request; 0 when allowed.
     pub retry_after_ms: u64,
+    /// Tokens charged to this counter by this request: `cost`, a lease, or 0.
+    #[serde(default)]
+    pub granted: u64,
 }
 
 /// Why a check request is refused before it reaches Redis.
@@ -126,6 +173,14 @@ impl CheckRequest {
             if check.cost == 0 || check.cost > check.limit {
                 return fail(format!("checks[{i}].cost: must be 1..=limit"));
             }
+            if check.lease != 0 && (check.lease < check.cost || check.lease > check.limit) {
+                return fail(format!("checks[{i}].lease: must be 0 or cost..=limit"));
+            }
+            if check.algorithm == Algorithm::SlidingWindowLog && check.limit > MAX_LOG_LIMIT {
+                return fail(format!(
+                    "checks[{i}].limit: a sliding_window_log allows at most {MAX_LOG_LIMIT}"
+                ));
+            }
         }
         Ok(())
     }
@@ -142,6 +197,8 @@ mod tests {
             limit: 5,
             period_ms: 60_000,
             cost: 1,
+            shadow: false,
+            lease: 0,
         }
     }
 
@@ -214,6 +271,25 @@ mod tests {
                     checks: vec![check("a"), check("a")],
                 },
                 "duplicate",
+            ),
+            (
+                CheckRequest {
+                    checks: vec![Check {
+                        lease: 9,
+                        ..check("a")
+                    }],
+                },
+                "checks[0].lease",
+            ),
+            (
+                CheckRequest {
+                    checks: vec![Check {
+                        algorithm: Algorithm::SlidingWindowLog,
+                        limit: MAX_LOG_LIMIT + 1,
+                        ..check("a")
+                    }],
+                },
+                "checks[0].limit",
             ),
             (
                 CheckRequest {

@@ -14,8 +14,9 @@
 -- ARGV[3i-2]     limit of check i (tokens)
 -- ARGV[3i-1]     period of check i (microseconds)
 -- ARGV[3i]       cost of check i (tokens)
--- Reply: one {allowed, remaining, reset_ms, retry_after_ms} per key, in KEYS order;
--- `allowed` is 1 when that bucket alone would admit the request.
+-- Reply: one {allowed, remaining, reset_ms, retry_after_ms, granted} per key, in KEYS
+-- order; `allowed` is 1 when that bucket alone would admit the request, `granted` the
+-- tokens charged to it.
 
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -48,6 +49,8 @@ for i = 1, #KEYS do
     tat = math.ceil(b.new_tat)
     redis.call('SET', KEYS[i], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000))
   end
+  local granted = 0
+  if every_bucket_admits then granted = tonumber(ARGV[3 * i]) end
   local retry_after_ms = 0
   if not admits then retry_after_ms = math.ceil((b.allow_at - now) / 1000) end
   results[i] = {
@@ -55,6 +58,7 @@ for i = 1, #KEYS do
     math.floor((b.period - (tat - now)) / b.interval + epsilon),
     math.ceil((tat - now) / 1000),
     retry_after_ms,
+    granted,
   }
 end
 return results

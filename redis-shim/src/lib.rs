@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use ratelimit_wasm::wire::{CheckRequest, CheckResponse, CHECK_PATH, TOKEN_HEADER};
+use ratelimit_wasm::wire::{Algorithm, CheckRequest, CheckResponse, CHECK_PATH, TOKEN_HEADER};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 use serde_json::json;
@@ -109,6 +109,16 @@ async fn check(State(shim): State<Arc<Shim>>, headers: HeaderMap, body: Bytes) -
     };
     if let Err(invalid) = request.validate() {
         return error(StatusCode::BAD_REQUEST, invalid.to_string());
+    }
+    if let Some(unsupported) = request
+        .checks
+        .iter()
+        .position(|c| c.algorithm != Algorithm::TokenBucket || c.shadow || c.lease != 0)
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("checks[{unsupported}]: only plain token_bucket checks are supported so far"),
+        );
     }
 
     let mut invocation = shim.token_bucket.prepare_invoke();

@@ -25,7 +25,8 @@ pub fn add_check(invocation: &mut redis::ScriptInvocation<'_>, key: String, chec
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MalformedReply(pub String);
 
-/// Turns the script's `{allowed, remaining, reset_ms, retry_after_ms}` rows into results.
+/// Turns the script's `{allowed, remaining, reset_ms, retry_after_ms, granted}` rows into
+/// results.
 pub fn parse_reply(rows: Vec<Vec<i64>>, checks: &[Check]) -> Result<Vec<CheckResult>, MalformedReply> {
     if rows.len() != checks.len() {
         return Err(MalformedReply(format!(
@@ -37,8 +38,8 @@ pub fn parse_reply(rows: Vec<Vec<i64>>, checks: &[Check]) -> Result<Vec<CheckRes
     rows.into_iter()
         .zip(checks)
         .map(|(row, check)| {
-            let [allowed, remaining, reset_ms, retry_after_ms] = row[..] else {
-                return Err(MalformedReply(format!("row of {} values, expected 4", row.len())));
+            let [allowed, remaining, reset_ms, retry_after_ms, granted] = row[..] else {
+                return Err(MalformedReply(format!("row of {} values, expected 5", row.len())));
             };
             let non_negative = |value: i64| {
                 u64::try_from(value).map_err(|_| MalformedReply(format!("negative value {value}")))
@@ -49,6 +50,7 @@ pub fn parse_reply(rows: Vec<Vec<i64>>, checks: &[Check]) -> Result<Vec<CheckRes
                 remaining: non_negative(remaining)?.min(check.limit),
                 reset_ms: non_negative(reset_ms)?,
                 retry_after_ms: non_negative(retry_after_ms)?,
+                granted: non_negative(granted)?,
             })
         })
         .collect()
@@ -66,13 +68,15 @@ mod tests {
             limit,
             period_ms: 1000,
             cost: 1,
+            shadow: false,
+            lease: 0,
         }
     }
 
     #[test]
     fn parses_rows_in_order() {
         let results = parse_reply(
-            vec![vec![1, 4, 200, 0], vec![0, 0, 900, 150]],
+            vec![vec![1, 4, 200, 0, 1], vec![0, 0, 900, 150, 0]],
             &[check(5), check(2)],
         )
         .unwrap();
@@ -84,14 +88,16 @@ mod tests {
                     limit: 5,
                     remaining: 4,
                     reset_ms: 200,
-                    retry_after_ms: 0
+                    retry_after_ms: 0,
+                    granted: 1
                 },
                 CheckResult {
                     allowed: false,
                     limit: 2,
                     remaining: 0,
                     reset_ms: 900,
-                    retry_after_ms: 150
+                    retry_after_ms: 150,
+                    granted: 0
                 },
             ]
         );
@@ -101,6 +107,6 @@ mod tests {
     fn rejects_malformed_replies() {
         assert!(parse_reply(vec![], &[check(5)]).is_err());
         assert!(parse_reply(vec![vec![1, 2, 3]], &[check(5)]).is_err());
-        assert!(parse_reply(vec![vec![1, -2, 3, 0]], &[check(5)]).is_err());
+        assert!(parse_reply(vec![vec![1, -2, 3, 0, 0]], &[check(5)]).is_err());
     }
 }
