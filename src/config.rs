@@ -7,7 +7,8 @@
 //! zero`. A config that compiles cannot hold an invalid rule.
 
 use crate::keys::KeyPart;
-use crate::wire::{Algorithm, MAX_LIMIT, MAX_PERIOD_MS};
+use crate::matching::{is_header_name, RawMatch, RequestMatch};
+use crate::wire::{Algorithm, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD_MS};
 use serde::Deserialize;
 use std::collections::HashSet;
 use std::fmt;
@@ -55,11 +56,35 @@ pub enum FailureMode {
     Closed,
 }
 
+/// Which rate-limit headers responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum HeaderStyle {
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (a Unix time) for the tightest rule.
+    #[default]
+    #[serde(rename = "x-ratelimit")]
+    XRateLimit,
+    /// draft-ietf-httpapi-ratelimit-headers-10: `RateLimit-Policy` and `RateLimit`, one
+    /// list item per rule.
+    #[serde(rename = "ietf-draft")]
+    IetfDraft,
+    /// Both of the above.
+    #[serde(rename = "both")]
+    Both,
+    /// No rate-limit headers (`Retry-After` is still sent on refusals).
+    #[serde(rename = "none")]
+    None,
+}
+
 /// The compiled configuration of one filter instance.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FilterConfig {
     pub shim: ShimSettings,
     pub failure_mode: FailureMode,
+    /// Proxies in front of Envoy whose X-Forwarded-For entries are trusted.
+    pub xff_num_trusted_hops: u32,
+    /// Key of the verified JWT payload in `jwt_authn`'s dynamic metadata.
+    pub jwt_payload_in_metadata: String,
+    pub response: ResponseSettings,
     pub rules: Vec<Rule>,
 }
 
@@ -76,14 +101,71 @@ pub struct ShimSettings {
     pub timeout: Duration,
 }
 
-/// One compiled rule: who it counts (`key`) and how much it allows.
+/// What refused and allowed responses look like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseSettings {
+    /// Status of a refusal (429 unless configured).
+    pub status: u32,
+    pub header_style: HeaderStyle,
+    /// Lower-case names of the `X-RateLimit-*` style headers.
+    pub limit_header: String,
+    pub remaining_header: String,
+    pub reset_header: String,
+    /// A custom refusal body replacing the RFC 9457 problem document.
+    pub body: Option<CustomBody>,
+}
+
+/// A configured refusal body: `{rule}`, `{limit}` and `{retry_after}` are filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CustomBody {
+    pub content_type: String,
+    pub template: String,
+}
+
+/// One compiled rule: which requests it applies to, who it counts, how much it allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
     pub name: String,
     pub key: Vec<KeyPart>,
+    pub matcher: RequestMatch,
     pub algorithm: Algorithm,
     pub limit: u64,
     pub period_ms: u64,
+    /// Client-dependent limits; the first tier whose condition holds wins.
+    pub tiers: Vec<Tier>,
+    pub cost: u64,
+    /// Route-dependent costs; the first that matches wins, else `cost`.
+    pub costs: Vec<WeightedCost>,
+    /// Counts and logs, never refuses.
+    pub shadow: bool,
+}
+
+/// A limit for the clients a condition selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tier {
+    pub name: String,
+    pub when: TierCondition,
+    pub limit: u64,
+    pub period_ms: u64,
+}
+
+/// Selects a tier from a header or a verified JWT claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierCondition {
+    pub source: KeyPart,
+    pub test: ValueTest,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValueTest {
+    Equals(String),
+    Prefix(String),
+}
+
+/// Charges `cost` tokens to requests that `matcher` selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightedCost {
+    pub matcher: RequestMatch,
     pub cost: u64,
 }
 
@@ -99,7 +181,39 @@ struct RawConfig {
     timeout: Option<String>,
     #[serde(default)]
     failure_mode: FailureMode,
+    #[serde(default)]
+    xff_num_trusted_hops: u32,
+    #[serde(default)]
+    jwt_payload_in_metadata: Option<String>,
+    #[serde(default)]
+    response: RawResponse,
     rules: Vec<RawRule>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawResponse {
+    #[serde(default)]
+    status: Option<u32>,
+    #[serde(default)]
+    headers: HeaderStyle,
+    #[serde(default)]
+    header_names: RawHeaderNames,
+    #[serde(default)]
+    body: Option<String>,
+    #[serde(default)]
+    content_type: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawHeaderNames {
+    #[serde(default)]
+    limit: Option<String>,
+    #[serde(default)]
+    remaining: Option<String>,
+    #[serde(default)]
+    reset: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -107,12 +221,51 @@ struct RawConfig {
 struct RawRule {
     name: String,
     key: Vec<KeyPart>,
+    #[serde(default, rename = "match")]
+    matcher: RawMatch,
     #[serde(default)]
     algorithm: Algorithm,
     limit: i64,
     period: String,
     #[serde(default)]
+    tiers: Vec<RawTier>,
+    #[serde(default)]
     cost: Option<i64>,
+    #[serde(default)]
+    costs: Vec<RawCost>,
+    #[serde(default)]
+    shadow: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTier {
+    name: String,
+    when: RawTierCondition,
+    limit: i64,
+    #[serde(default)]
+    period: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTierCondition {
+    #[serde(default)]
+    header: Option<String>,
+    #[serde(default)]
+    jwt_claim: Option<String>,
+    #[serde(default)]
+    equals: Option<String>,
+    #[serde(default)]
+    prefix: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCost {
+    #[serde(rename = "match")]
+    matcher: RawMatch,
+    cost: i64,
 }
 
 impl FilterConfig {
@@ -125,6 +278,52 @@ impl FilterConfig {
             ConfigError::new(field, e.into_inner().to_string())
         })?;
         raw.compile()
+    }
+}
+
+fn header_name(field: &str, name: Option<String>, default: &str) -> Result<String, ConfigError> {
+    match name {
+        None => Ok(default.to_string()),
+        Some(name) if is_header_name(&name) => Ok(name.to_ascii_lowercase()),
+        Some(name) => Err(ConfigError::new(field, format!("{name:?} is not a header name"))),
+    }
+}
+
+impl RawResponse {
+    fn compile(self) -> Result<ResponseSettings, ConfigError> {
+        let status = self.status.unwrap_or(429);
+        if !(400..=599).contains(&status) {
+            return Err(ConfigError::new(
+                "response.status",
+                "must be an error status, 400..=599",
+            ));
+        }
+        let body = match (self.body, self.content_type) {
+            (Some(template), content_type) => Some(CustomBody {
+                content_type: content_type.unwrap_or_else(|| "text/plain".into()),
+                template,
+            }),
+            (None, Some(_)) => {
+                return Err(ConfigError::new(
+                    "response.content_type",
+                    "only applies with a custom response.body",
+                ))
+            }
+            (None, None) => None,
+        };
+        let names = self.header_names;
+        Ok(ResponseSettings {
+            status,
+            header_style: self.headers,
+            limit_header: header_name("response.header_names.limit", names.limit, "x-ratelimit-limit")?,
+            remaining_header: header_name(
+                "response.header_names.remaining",
+                names.remaining,
+                "x-ratelimit-remaining",
+            )?,
+            reset_header: header_name("response.header_names.reset", names.reset, "x-ratelimit-reset")?,
+            body,
+        })
     }
 }
 
@@ -148,6 +347,24 @@ impl RawConfig {
                 ));
             }
         }
+        if self.xff_num_trusted_hops > 16 {
+            return Err(ConfigError::new(
+                "xff_num_trusted_hops",
+                "at most 16 trusted proxy hops",
+            ));
+        }
+        let jwt_payload_in_metadata = self
+            .jwt_payload_in_metadata
+            .unwrap_or_else(|| "jwt_payload".into());
+        if jwt_payload_in_metadata.is_empty()
+            || !jwt_payload_in_metadata.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(ConfigError::new(
+                "jwt_payload_in_metadata",
+                "must be a non-empty metadata key",
+            ));
+        }
+        let response = self.response.compile()?;
         if self.rules.is_empty() {
             return Err(ConfigError::new("rules", "at least one rule is required"));
         }
@@ -157,7 +374,7 @@ impl RawConfig {
         let mut names = HashSet::new();
         let mut rules = Vec::with_capacity(self.rules.len());
         for (index, raw) in self.rules.into_iter().enumerate() {
-            let rule = raw.compile(index)?;
+            let rule = raw.compile(&format!("rules[{index}]"))?;
             if !names.insert(rule.name.clone()) {
                 return Err(ConfigError::new(
                     format!("rules[{index}].name"),
@@ -174,21 +391,52 @@ impl RawConfig {
                 timeout,
             },
             failure_mode: self.failure_mode,
+            xff_num_trusted_hops: self.xff_num_trusted_hops,
+            jwt_payload_in_metadata,
+            response,
             rules,
         })
     }
 }
 
+fn is_rule_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_RULE_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
+fn compile_limit(field: String, limit: i64, algorithm: Algorithm) -> Result<u64, ConfigError> {
+    let max = if algorithm == Algorithm::SlidingWindowLog {
+        MAX_LOG_LIMIT
+    } else {
+        MAX_LIMIT
+    };
+    if limit <= 0 || limit as u64 > max {
+        return Err(ConfigError::new(field, format!("must be between 1 and {max}")));
+    }
+    Ok(limit as u64)
+}
+
+fn compile_period(field: String, period: &str) -> Result<u64, ConfigError> {
+    let period = parse_duration(period).map_err(|reason| ConfigError::new(field.clone(), reason))?;
+    let period_ms = period.as_millis() as u64;
+    if period_ms == 0 || period_ms > MAX_PERIOD_MS {
+        return Err(ConfigError::new(field, "must be between 1ms and 366d"));
+    }
+    Ok(period_ms)
+}
+
+fn compile_match(field: &str, raw: RawMatch) -> Result<RequestMatch, ConfigError> {
+    raw.compile()
+        .map_err(|(inner, reason)| ConfigError::new(format!("{field}.{inner}"), reason))
+}
+
 impl RawRule {
-    fn compile(self, index: usize) -> Result<Rule, ConfigError> {
-        let field = |name: &str| format!("rules[{index}].{name}");
-        let name_ok = !self.name.is_empty()
-            && self.name.len() <= MAX_RULE_NAME_LEN
-            && self
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-        if !name_ok {
+    fn compile(self, at: &str) -> Result<Rule, ConfigError> {
+        let field = |name: &str| format!("{at}.{name}");
+        if !is_rule_name(&self.name) {
             return Err(ConfigError::new(
                 field("name"),
                 format!("must be 1..={MAX_RULE_NAME_LEN} characters of A-Z a-z 0-9 - _ ."),
@@ -201,41 +449,102 @@ impl RawRule {
             .key
             .into_iter()
             .enumerate()
-            .map(|(part_index, part)| {
+            .map(|(i, part)| {
                 part.compile()
-                    .map_err(|reason| ConfigError::new(format!("{}[{part_index}]", field("key")), reason))
+                    .map_err(|reason| ConfigError::new(format!("{at}.key[{i}]"), reason))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        if self.limit <= 0 || self.limit as u64 > MAX_LIMIT {
-            return Err(ConfigError::new(
-                field("limit"),
-                format!("must be between 1 and {MAX_LIMIT}"),
-            ));
+        let matcher = compile_match(&field("match"), self.matcher)?;
+        let limit = compile_limit(field("limit"), self.limit, self.algorithm)?;
+        let period_ms = compile_period(field("period"), &self.period)?;
+
+        let mut tiers = Vec::with_capacity(self.tiers.len());
+        for (i, raw) in self.tiers.into_iter().enumerate() {
+            tiers.push(raw.compile(&format!("{at}.tiers[{i}]"), self.algorithm, period_ms)?);
         }
-        let limit = self.limit as u64;
-        let period =
-            parse_duration(&self.period).map_err(|reason| ConfigError::new(field("period"), reason))?;
-        let period_ms = period.as_millis() as u64;
-        if period_ms == 0 || period_ms > MAX_PERIOD_MS {
-            return Err(ConfigError::new(field("period"), "must be between 1ms and 366d"));
-        }
-        let cost = self.cost.unwrap_or(1);
-        if cost <= 0 {
-            return Err(ConfigError::new(field("cost"), "must be at least 1"));
-        }
-        if cost as u64 > limit {
-            return Err(ConfigError::new(
-                field("cost"),
-                format!("{cost} exceeds the limit {limit}: no request could ever pass"),
-            ));
+        // A cost must fit every limit the rule can apply, or some client could never pass.
+        let smallest_limit = tiers
+            .iter()
+            .map(|t| t.limit)
+            .chain([limit])
+            .min()
+            .unwrap_or(limit);
+        let check_cost = |field: String, cost: i64| -> Result<u64, ConfigError> {
+            if cost <= 0 {
+                return Err(ConfigError::new(field, "must be at least 1"));
+            }
+            if cost as u64 > smallest_limit {
+                return Err(ConfigError::new(
+                    field,
+                    format!("{cost} exceeds the limit {smallest_limit}: no request could ever pass"),
+                ));
+            }
+            Ok(cost as u64)
+        };
+        let cost = check_cost(field("cost"), self.cost.unwrap_or(1))?;
+        let mut costs = Vec::with_capacity(self.costs.len());
+        for (i, raw) in self.costs.into_iter().enumerate() {
+            costs.push(WeightedCost {
+                matcher: compile_match(&format!("{at}.costs[{i}].match"), raw.matcher)?,
+                cost: check_cost(format!("{at}.costs[{i}].cost"), raw.cost)?,
+            });
         }
         Ok(Rule {
             name: self.name,
             key,
+            matcher,
             algorithm: self.algorithm,
             limit,
             period_ms,
-            cost: cost as u64,
+            tiers,
+            cost,
+            costs,
+            shadow: self.shadow,
+        })
+    }
+}
+
+impl RawTier {
+    fn compile(self, at: &str, algorithm: Algorithm, rule_period_ms: u64) -> Result<Tier, ConfigError> {
+        if !is_rule_name(&self.name) {
+            return Err(ConfigError::new(
+                format!("{at}.name"),
+                "must be 1..=64 characters of A-Z a-z 0-9 - _ .",
+            ));
+        }
+        let when = self.when;
+        let source = match (when.header, when.jwt_claim) {
+            (Some(header), None) => KeyPart::Header(header),
+            (None, Some(claim)) => KeyPart::JwtClaim(claim),
+            _ => {
+                return Err(ConfigError::new(
+                    format!("{at}.when"),
+                    "give exactly one of header or jwt_claim",
+                ))
+            }
+        };
+        let source = source
+            .compile()
+            .map_err(|reason| ConfigError::new(format!("{at}.when"), reason))?;
+        let test = match (when.equals, when.prefix) {
+            (Some(value), None) => ValueTest::Equals(value),
+            (None, Some(prefix)) if !prefix.is_empty() => ValueTest::Prefix(prefix),
+            _ => {
+                return Err(ConfigError::new(
+                    format!("{at}.when"),
+                    "give exactly one of equals or a non-empty prefix",
+                ))
+            }
+        };
+        let period_ms = match &self.period {
+            Some(period) => compile_period(format!("{at}.period"), period)?,
+            None => rule_period_ms,
+        };
+        Ok(Tier {
+            name: self.name,
+            when: TierCondition { source, test },
+            limit: compile_limit(format!("{at}.limit"), self.limit, algorithm)?,
+            period_ms,
         })
     }
 }
@@ -269,9 +578,14 @@ mod tests {
         "shim_cluster": "ratelimit_shim",
         "timeout": "250ms",
         "failure_mode": "closed",
+        "xff_num_trusted_hops": 1,
+        "response": {"headers": "both", "status": 420, "header_names": {"limit": "X-Quota"}},
         "rules": [
-            {"name": "per-api-key", "key": [{"header": "X-Api-Key"}], "limit": 5, "period": "1m"},
-            {"name": "per-ip", "key": ["client_ip"], "limit": 100, "period": "10s", "cost": 2}
+            {"name": "per-api-key", "key": [{"header": "X-Api-Key"}], "limit": 5, "period": "1m",
+             "tiers": [{"name": "vip", "when": {"header": "x-api-key", "prefix": "vip:"}, "limit": 50}],
+             "costs": [{"match": {"path_prefix": "/export"}, "cost": 5}]},
+            {"name": "search", "match": {"path_prefix": "/search", "methods": ["GET"]}, "key": ["client_ip"],
+             "algorithm": "sliding_window_log", "limit": 100, "period": "10s", "cost": 2, "shadow": true}
         ]
     }"#;
 
@@ -282,11 +596,25 @@ mod tests {
         assert_eq!(config.shim.authority, "ratelimit_shim");
         assert_eq!(config.shim.timeout, Duration::from_millis(250));
         assert_eq!(config.failure_mode, FailureMode::Closed);
-        assert_eq!(config.rules[0].key, vec![KeyPart::Header("x-api-key".into())]);
-        assert_eq!(config.rules[0].period_ms, 60_000);
-        assert_eq!(config.rules[0].cost, 1);
-        assert_eq!(config.rules[1].key, vec![KeyPart::ClientIp]);
-        assert_eq!(config.rules[1].cost, 2);
+        assert_eq!(config.xff_num_trusted_hops, 1);
+        assert_eq!(config.jwt_payload_in_metadata, "jwt_payload");
+        assert_eq!(config.response.status, 420);
+        assert_eq!(config.response.header_style, HeaderStyle::Both);
+        assert_eq!(config.response.limit_header, "x-quota");
+        assert_eq!(config.response.remaining_header, "x-ratelimit-remaining");
+        let (key_rule, search) = (&config.rules[0], &config.rules[1]);
+        assert_eq!(key_rule.key, vec![KeyPart::Header("x-api-key".into())]);
+        assert_eq!(key_rule.period_ms, 60_000);
+        assert_eq!(key_rule.cost, 1);
+        assert_eq!(key_rule.tiers[0].limit, 50);
+        assert_eq!(key_rule.tiers[0].period_ms, 60_000);
+        assert_eq!(key_rule.tiers[0].when.test, ValueTest::Prefix("vip:".into()));
+        assert_eq!(key_rule.costs[0].cost, 5);
+        assert!(!key_rule.shadow);
+        assert_eq!(search.key, vec![KeyPart::ClientIp]);
+        assert_eq!(search.algorithm, Algorithm::SlidingWindowLog);
+        assert_eq!(search.cost, 2);
+        assert!(search.shadow);
     }
 
     fn error_for(json: &str) -> ConfigError {
@@ -300,6 +628,7 @@ mod tests {
     #[test]
     fn each_bad_config_names_its_field() {
         let rule = |extra: &str| with_rule(&format!(r#"{{"name": "r", "key": ["client_ip"], {extra}}}"#));
+        let valid = r#""limit": 5, "period": "1s""#;
         let cases = [
             ("not json".to_string(), "config"),
             (r#"{"rules": []}"#.to_string(), "config"),
@@ -321,6 +650,23 @@ mod tests {
                 r#"{"shim_cluster": "c", "failure_mode": "maybe", "rules": []}"#.to_string(),
                 "failure_mode",
             ),
+            (
+                r#"{"shim_cluster": "c", "xff_num_trusted_hops": -1, "rules": []}"#.to_string(),
+                "xff_num_trusted_hops",
+            ),
+            (
+                r#"{"shim_cluster": "c", "response": {"status": 200}, "rules": []}"#.to_string(),
+                "response.status",
+            ),
+            (
+                r#"{"shim_cluster": "c", "response": {"headers": "fancy"}, "rules": []}"#.to_string(),
+                "response.headers",
+            ),
+            (
+                r#"{"shim_cluster": "c", "response": {"header_names": {"limit": "a b"}}, "rules": []}"#
+                    .to_string(),
+                "response.header_names.limit",
+            ),
             (rule(r#""limit": 5"#), "rules[0]"),
             (rule(r#""limit": 0, "period": "1s""#), "rules[0].limit"),
             (rule(r#""limit": -3, "period": "1s""#), "rules[0].limit"),
@@ -331,7 +677,53 @@ mod tests {
                 rule(r#""limit": 5, "period": "1s", "algorithm": "magic""#),
                 "rules[0].algorithm",
             ),
+            (
+                rule(r#""limit": 20000, "period": "1s", "algorithm": "sliding_window_log""#),
+                "rules[0].limit",
+            ),
             (rule(r#""limit": 5, "period": "1s", "burst": 3"#), "rules[0]"),
+            (
+                rule(&format!(r#"{valid}, "match": {{"path": "search"}}"#)),
+                "rules[0].match.path",
+            ),
+            (
+                rule(&format!(r#"{valid}, "match": {{"methods": ["G T"]}}"#)),
+                "rules[0].match.methods[0]",
+            ),
+            (
+                rule(&format!(r#"{valid}, "costs": [{{"match": {{}}, "cost": 9}}]"#)),
+                "rules[0].costs[0].cost",
+            ),
+            (
+                rule(&format!(
+                    r#"{valid}, "costs": [{{"match": {{"path_prefix": "x"}}, "cost": 1}}]"#
+                )),
+                "rules[0].costs[0].match",
+            ),
+            (
+                rule(&format!(
+                    r#"{valid}, "tiers": [{{"name": "t", "when": {{"header": "x", "equals": "y"}}, "limit": 0}}]"#
+                )),
+                "rules[0].tiers[0].limit",
+            ),
+            (
+                rule(&format!(
+                    r#"{valid}, "tiers": [{{"name": "t", "when": {{"equals": "y"}}, "limit": 1}}]"#
+                )),
+                "rules[0].tiers[0].when",
+            ),
+            (
+                rule(&format!(
+                    r#"{valid}, "tiers": [{{"name": "t", "when": {{"header": "x"}}, "limit": 1}}]"#
+                )),
+                "rules[0].tiers[0].when",
+            ),
+            (
+                rule(
+                    r#""limit": 5, "period": "1s", "cost": 3, "tiers": [{"name": "t", "when": {"header": "x", "equals": "y"}, "limit": 2}]"#,
+                ),
+                "rules[0].cost",
+            ),
             (
                 with_rule(r#"{"name": "bad name", "key": ["client_ip"], "limit": 1, "period": "1s"}"#),
                 "rules[0].name",
@@ -342,6 +734,10 @@ mod tests {
             ),
             (
                 with_rule(r#"{"name": "r", "key": [{"header": ""}], "limit": 1, "period": "1s"}"#),
+                "rules[0].key[0]",
+            ),
+            (
+                with_rule(r#"{"name": "r", "key": [{"jwt_claim": "a b"}], "limit": 1, "period": "1s"}"#),
                 "rules[0].key[0]",
             ),
             (

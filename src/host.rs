@@ -1,15 +1,16 @@
 //! The proxy-wasm host layer: the only code that talks to Envoy.
 //!
-//! It reads the request's attributes, asks the shim with one `dispatch_http_call`, pauses
-//! the request, and applies the pure [`Outcome`] when the answer (or the call's failure or
-//! timeout) arrives. Host calls go through `hostcalls::*`, whose `Result`s are handled
-//! here instead of the SDK trait defaults that `unwrap()` them: a panic would kill the VM
-//! for every request on this worker.
+//! It reads the request's attributes, plans the checks, asks the shim with one
+//! `dispatch_http_call`, pauses the request, and applies the pure [`Outcome`] when the
+//! answer (or the call's failure or timeout) arrives. Host calls go through
+//! `hostcalls::*`, whose `Result`s are handled here instead of the SDK trait defaults
+//! that `unwrap()` them: a panic would kill the VM for every request on this worker.
 
 use crate::config::FilterConfig;
-use crate::keys::{counter_key, RequestAttributes};
-use crate::response::{decide, on_shim_failure, Outcome};
-use crate::wire::{Check, CheckRequest, CheckResponse, CHECK_PATH, TOKEN_HEADER};
+use crate::keys::RequestAttributes;
+use crate::plan::{plan, PlannedCheck};
+use crate::response::{decide, on_shim_failure, shadow_refusals, Applied, Headers, Outcome};
+use crate::wire::{CheckRequest, CheckResponse, CHECK_PATH, TOKEN_HEADER};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType};
@@ -62,7 +63,7 @@ impl RootContext for RateLimitRoot {
         let config = self.config.clone()?;
         Some(Box::new(RateLimitRequest {
             config,
-            checked_rules: Vec::new(),
+            planned: Vec::new(),
             response_headers: Vec::new(),
         }))
     }
@@ -75,16 +76,23 @@ impl RootContext for RateLimitRoot {
 /// One per HTTP request.
 struct RateLimitRequest {
     config: Rc<FilterConfig>,
-    /// Indices into `config.rules` of the rules sent to the shim, in check order.
-    checked_rules: Vec<usize>,
+    /// The checks sent to the shim, in the order of its results.
+    planned: Vec<PlannedCheck>,
     /// Rate-limit headers to add to the allowed response.
-    response_headers: Vec<(&'static str, String)>,
+    response_headers: Headers,
 }
 
 /// The current request as seen through Envoy's header map and properties.
-struct HostRequest;
+struct HostRequest<'a> {
+    jwt_payload_in_metadata: &'a str,
+}
 
-impl RequestAttributes for HostRequest {
+fn property_text(path: Vec<&str>) -> Option<String> {
+    let bytes = hostcalls::get_property(path).ok().flatten()?;
+    String::from_utf8(bytes).ok()
+}
+
+impl RequestAttributes for HostRequest<'_> {
     fn header(&self, name: &str) -> Option<String> {
         hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
             .ok()
@@ -92,10 +100,19 @@ impl RequestAttributes for HostRequest {
     }
 
     fn source_address(&self) -> Option<String> {
-        let bytes = hostcalls::get_property(vec!["source", "address"])
-            .ok()
-            .flatten()?;
-        String::from_utf8(bytes).ok()
+        property_text(vec!["source", "address"])
+    }
+
+    /// Only what `jwt_authn` verified and wrote to dynamic metadata; the Authorization
+    /// header itself is never read.
+    fn jwt_claim(&self, name: &str) -> Option<String> {
+        property_text(vec![
+            "metadata",
+            "filter_metadata",
+            "envoy.filters.http.jwt_authn",
+            self.jwt_payload_in_metadata,
+            name,
+        ])
     }
 }
 
@@ -108,8 +125,11 @@ impl RateLimitRequest {
                 Action::Continue
             }
             Outcome::Reply(reply) => {
-                let headers: Vec<(&str, &str)> =
-                    reply.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+                let headers: Vec<(&str, &str)> = reply
+                    .headers
+                    .iter()
+                    .map(|(n, v)| (n.as_str(), v.as_str()))
+                    .collect();
                 if let Err(status) =
                     hostcalls::send_http_response(reply.status, headers, Some(reply.body.as_bytes()))
                 {
@@ -149,22 +169,34 @@ impl RateLimitRequest {
                 return on_shim_failure(self.config.failure_mode);
             }
         };
-        let rules: Vec<_> = self
-            .checked_rules
+        let applied: Vec<Applied<'_>> = self
+            .planned
             .iter()
-            .map(|&i| &self.config.rules[i])
+            .map(|p| (&self.config.rules[p.rule_index], &p.check))
             .collect();
         let now_unix_ms = hostcalls::get_current_time()
             .ok()
             .and_then(|now| now.duration_since(UNIX_EPOCH).ok())
             .map_or(0, |since| since.as_millis() as u64);
-        decide(&rules, &answer, now_unix_ms).unwrap_or_else(|mismatch| {
-            log(
-                LogLevel::Warn,
-                &format!("ratelimit-wasm: shim answer does not match the request: {mismatch:?}"),
-            );
-            on_shim_failure(self.config.failure_mode)
-        })
+        let outcome = decide(&applied, &answer, now_unix_ms, &self.config.response);
+        match outcome {
+            Ok(outcome) => {
+                for rule in shadow_refusals(&applied, &answer) {
+                    log(
+                        LogLevel::Info,
+                        &format!("ratelimit-wasm: shadow rule {rule} would refuse this request"),
+                    );
+                }
+                outcome
+            }
+            Err(mismatch) => {
+                log(
+                    LogLevel::Warn,
+                    &format!("ratelimit-wasm: shim answer does not match the request: {mismatch:?}"),
+                );
+                on_shim_failure(self.config.failure_mode)
+            }
+        }
     }
 }
 
@@ -191,25 +223,14 @@ impl Context for RateLimitRequest {
 impl HttpContext for RateLimitRequest {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let config = Rc::clone(&self.config);
-        let request = HostRequest;
-        let mut checks = Vec::new();
-        for (index, rule) in config.rules.iter().enumerate() {
-            if let Some(key) = counter_key(rule, &request) {
-                checks.push(Check {
-                    key,
-                    algorithm: rule.algorithm,
-                    limit: rule.limit,
-                    period_ms: rule.period_ms,
-                    cost: rule.cost,
-                    shadow: false,
-                    lease: 0,
-                });
-                self.checked_rules.push(index);
-            }
-        }
-        if checks.is_empty() {
+        let request = HostRequest {
+            jwt_payload_in_metadata: &config.jwt_payload_in_metadata,
+        };
+        self.planned = plan(&config, &request);
+        if self.planned.is_empty() {
             return Action::Continue;
         }
+        let checks = self.planned.iter().map(|p| p.check.clone()).collect();
         let body = match serde_json::to_vec(&CheckRequest { checks }) {
             Ok(body) => body,
             Err(_) => return self.apply(on_shim_failure(config.failure_mode)),
@@ -241,7 +262,7 @@ impl HttpContext for RateLimitRequest {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         for (name, value) in std::mem::take(&mut self.response_headers) {
-            let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value);
+            let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, &name, &value);
         }
         Action::Continue
     }

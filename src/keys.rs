@@ -10,12 +10,13 @@
 //! are checked in one atomic script.
 
 use crate::config::Rule;
+use crate::matching::is_header_name;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::net::{IpAddr, SocketAddr};
 
-/// Longest header name a key part may name.
-const MAX_HEADER_NAME_LEN: usize = 128;
+/// Longest constant or claim name a key part may hold.
+const MAX_PART_LEN: usize = 128;
 
 /// One part of a rule's key.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -23,8 +24,17 @@ const MAX_HEADER_NAME_LEN: usize = 128;
 pub enum KeyPart {
     /// The value of a request header, e.g. `x-api-key` or `x-user-id`.
     Header(String),
-    /// The downstream client's IP address as Envoy sees it (`source.address`).
+    /// The client's IP: `source.address`, or X-Forwarded-For read through the configured
+    /// number of trusted proxy hops.
     ClientIp,
+    /// A claim of a JWT verified by Envoy's `jwt_authn` filter, from its dynamic metadata.
+    JwtClaim(String),
+    /// The request path without its query string.
+    Path,
+    /// The request method.
+    Method,
+    /// A fixed value: every request shares the counter (a global limit).
+    Constant(String),
 }
 
 impl KeyPart {
@@ -32,17 +42,31 @@ impl KeyPart {
     pub(crate) fn compile(self) -> Result<KeyPart, String> {
         match self {
             KeyPart::Header(name) => {
-                let valid = !name.is_empty()
-                    && name.len() <= MAX_HEADER_NAME_LEN
-                    && name
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
-                if !valid {
+                if !is_header_name(&name) {
                     return Err(format!("header name {name:?} is not a valid HTTP header name"));
                 }
                 Ok(KeyPart::Header(name.to_ascii_lowercase()))
             }
-            KeyPart::ClientIp => Ok(KeyPart::ClientIp),
+            KeyPart::JwtClaim(claim) => {
+                let valid = !claim.is_empty()
+                    && claim.len() <= MAX_PART_LEN
+                    && claim
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-_.:/".contains(&b));
+                if !valid {
+                    return Err(format!(
+                        "claim name {claim:?} must be 1..={MAX_PART_LEN} of A-Z a-z 0-9 - _ . : /"
+                    ));
+                }
+                Ok(KeyPart::JwtClaim(claim))
+            }
+            KeyPart::Constant(value) => {
+                if value.is_empty() || value.len() > MAX_PART_LEN {
+                    return Err(format!("constant must be 1..={MAX_PART_LEN} bytes"));
+                }
+                Ok(KeyPart::Constant(value))
+            }
+            part @ (KeyPart::ClientIp | KeyPart::Path | KeyPart::Method) => Ok(part),
         }
     }
 
@@ -50,28 +74,63 @@ impl KeyPart {
         match self {
             KeyPart::Header(_) => b'h',
             KeyPart::ClientIp => b'i',
+            KeyPart::JwtClaim(_) => b'j',
+            KeyPart::Path => b'p',
+            KeyPart::Method => b'm',
+            KeyPart::Constant(_) => b'c',
         }
     }
 }
 
-/// What the key builder needs to know about a request; the host layer implements it over
+/// What the filter needs to know about a request; the host layer implements it over
 /// Envoy's header map and properties, tests over plain values.
 pub trait RequestAttributes {
     /// The value of a request header (lower-case name), if present.
     fn header(&self, name: &str) -> Option<String>;
     /// Envoy's `source.address` property: `ip:port` or `[v6]:port`.
     fn source_address(&self) -> Option<String>;
+    /// A claim of the verified JWT, rendered as text.
+    fn jwt_claim(&self, name: &str) -> Option<String>;
+    /// The `:path` pseudo-header.
+    fn path(&self) -> Option<String> {
+        self.header(":path")
+    }
+    /// The `:method` pseudo-header.
+    fn method(&self) -> Option<String> {
+        self.header(":method")
+    }
+}
+
+/// The value of one key part for this request, if it has one.
+pub fn part_value(
+    part: &KeyPart,
+    request: &impl RequestAttributes,
+    xff_num_trusted_hops: u32,
+) -> Option<String> {
+    let value = match part {
+        KeyPart::Header(name) => request.header(name)?,
+        KeyPart::ClientIp => client_ip(request, xff_num_trusted_hops)?.to_string(),
+        KeyPart::JwtClaim(claim) => request.jwt_claim(claim)?,
+        KeyPart::Path => {
+            let path = request.path()?;
+            path.split(['?', '#']).next().unwrap_or_default().to_string()
+        }
+        KeyPart::Method => request.method()?,
+        KeyPart::Constant(value) => value.clone(),
+    };
+    (!value.is_empty()).then_some(value)
 }
 
 /// The counter key of `rule` for this request, or `None` when the request lacks one of
 /// the rule's parts (the rule then does not apply to it).
-pub fn counter_key(rule: &Rule, request: &impl RequestAttributes) -> Option<String> {
+pub fn counter_key(
+    rule: &Rule,
+    request: &impl RequestAttributes,
+    xff_num_trusted_hops: u32,
+) -> Option<String> {
     let mut hasher = Sha256::new();
     for part in &rule.key {
-        let value = match part {
-            KeyPart::Header(name) => request.header(name).filter(|v| !v.is_empty())?,
-            KeyPart::ClientIp => client_ip(&request.source_address()?)?.to_string(),
-        };
+        let value = part_value(part, request, xff_num_trusted_hops)?;
         hasher.update([part.tag()]);
         hasher.update((value.len() as u64).to_be_bytes());
         hasher.update(value.as_bytes());
@@ -90,8 +149,29 @@ pub fn counter_key(rule: &Rule, request: &impl RequestAttributes) -> Option<Stri
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
+/// The client's IP. With no trusted hops it is the peer (`source.address`). With N
+/// trusted proxies in front of Envoy, each appended the address it saw to
+/// X-Forwarded-For, so the client is the Nth entry from the right; anything further left
+/// was written by the client and is ignored. A header shorter than N (the request did not
+/// come through every trusted proxy) or an entry that is not an IP falls back to the peer.
+pub fn client_ip(request: &impl RequestAttributes, xff_num_trusted_hops: u32) -> Option<IpAddr> {
+    let peer = || parse_ip(&request.source_address()?);
+    if xff_num_trusted_hops == 0 {
+        return peer();
+    }
+    let Some(forwarded) = request.header("x-forwarded-for") else {
+        return peer();
+    };
+    // Bounded: a hostile header of thousands of entries costs no more than N steps.
+    forwarded
+        .rsplit(',')
+        .nth(xff_num_trusted_hops as usize - 1)
+        .and_then(parse_ip)
+        .or_else(peer)
+}
+
 /// The IP of an address given as `ip:port`, `[v6]:port` or a bare IP.
-pub fn client_ip(address: &str) -> Option<IpAddr> {
+pub fn parse_ip(address: &str) -> Option<IpAddr> {
     let address = address.trim();
     address
         .parse::<SocketAddr>()
@@ -101,74 +181,119 @@ pub fn client_ip(address: &str) -> Option<IpAddr> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::matching::RequestMatch;
     use crate::wire::Algorithm;
     use std::collections::HashMap;
 
-    #[derive(Default)]
-    struct FakeRequest {
-        headers: HashMap<String, String>,
-        source: Option<String>,
+    /// A request made of plain values, for the pure logic's tests.
+    #[derive(Debug, Clone, Default)]
+    pub(crate) struct FakeRequest {
+        pub headers: HashMap<String, String>,
+        pub claims: HashMap<String, String>,
+        pub source: Option<String>,
+        pub method: String,
+        pub path: String,
+    }
+
+    impl FakeRequest {
+        pub fn get(path: &str) -> FakeRequest {
+            FakeRequest {
+                method: "GET".into(),
+                path: path.into(),
+                source: Some("192.0.2.1:40000".into()),
+                ..FakeRequest::default()
+            }
+        }
+
+        pub fn with_header(mut self, name: &str, value: &str) -> FakeRequest {
+            self.headers.insert(name.into(), value.into());
+            self
+        }
+
+        pub fn with_claim(mut self, name: &str, value: &str) -> FakeRequest {
+            self.claims.insert(name.into(), value.into());
+            self
+        }
+
+        pub fn from(mut self, source: Option<&str>) -> FakeRequest {
+            self.source = source.map(str::to_string);
+            self
+        }
     }
 
     impl RequestAttributes for FakeRequest {
         fn header(&self, name: &str) -> Option<String> {
-            self.headers.get(name).cloned()
+            match name {
+                ":path" => Some(self.path.clone()),
+                ":method" => Some(self.method.clone()),
+                _ => self.headers.get(name).cloned(),
+            }
         }
         fn source_address(&self) -> Option<String> {
             self.source.clone()
         }
+        fn jwt_claim(&self, name: &str) -> Option<String> {
+            self.claims.get(name).cloned()
+        }
     }
 
     fn request(headers: &[(&str, &str)], source: Option<&str>) -> FakeRequest {
-        FakeRequest {
-            headers: headers
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            source: source.map(str::to_string),
-        }
+        headers
+            .iter()
+            .fold(FakeRequest::get("/").from(source), |r, (k, v)| {
+                r.with_header(k, v)
+            })
     }
 
-    fn rule(name: &str, key: Vec<KeyPart>) -> Rule {
+    pub(crate) fn rule(name: &str, key: Vec<KeyPart>) -> Rule {
         Rule {
             name: name.into(),
             key,
+            matcher: RequestMatch::default(),
             algorithm: Algorithm::TokenBucket,
             limit: 5,
             period_ms: 60_000,
+            tiers: vec![],
             cost: 1,
+            costs: vec![],
+            shadow: false,
         }
+    }
+
+    fn key(rule: &Rule, request: &FakeRequest) -> Option<String> {
+        counter_key(rule, request, 0)
     }
 
     #[test]
     fn header_key_is_hashed_and_prefixed_by_rule() {
         let rule = rule("per-key", vec![KeyPart::Header("x-api-key".into())]);
-        let key = counter_key(&rule, &request(&[("x-api-key", "secret-123")], None)).unwrap();
-        assert!(key.starts_with("per-key:{") && key.ends_with('}'), "{key}");
-        assert_eq!(key.len(), "per-key:{}".len() + 32);
-        assert!(!key.contains("secret"), "raw API key leaked into {key}");
-        let again = counter_key(&rule, &request(&[("x-api-key", "secret-123")], None)).unwrap();
-        assert_eq!(key, again);
-        let other = counter_key(&rule, &request(&[("x-api-key", "secret-124")], None)).unwrap();
-        assert_ne!(key, other);
+        let k = key(&rule, &request(&[("x-api-key", "secret-123")], None)).unwrap();
+        assert!(k.starts_with("per-key:{") && k.ends_with('}'), "{k}");
+        assert_eq!(k.len(), "per-key:{}".len() + 32);
+        assert!(!k.contains("secret"), "raw API key leaked into {k}");
+        assert_eq!(
+            Some(k.clone()),
+            key(&rule, &request(&[("x-api-key", "secret-123")], None))
+        );
+        assert_ne!(
+            Some(k),
+            key(&rule, &request(&[("x-api-key", "secret-124")], None))
+        );
     }
 
     #[test]
     fn missing_or_empty_part_means_rule_does_not_apply() {
         let rule = rule("r", vec![KeyPart::Header("x-api-key".into()), KeyPart::ClientIp]);
-        assert_eq!(counter_key(&rule, &request(&[], Some("1.2.3.4:5"))), None);
+        assert_eq!(key(&rule, &request(&[], Some("1.2.3.4:5"))), None);
         assert_eq!(
-            counter_key(&rule, &request(&[("x-api-key", "")], Some("1.2.3.4:5"))),
+            key(&rule, &request(&[("x-api-key", "")], Some("1.2.3.4:5"))),
             None
         );
-        assert_eq!(counter_key(&rule, &request(&[("x-api-key", "k")], None)), None);
-        assert_eq!(
-            counter_key(&rule, &request(&[("x-api-key", "k")], Some("garbage"))),
-            None
-        );
-        assert!(counter_key(&rule, &request(&[("x-api-key", "k")], Some("1.2.3.4:5"))).is_some());
+        assert_eq!(key(&rule, &request(&[("x-api-key", "k")], None)), None);
+        assert_eq!(key(&rule, &request(&[("x-api-key", "k")], Some("garbage"))), None);
+        assert!(key(&rule, &request(&[("x-api-key", "k")], Some("1.2.3.4:5"))).is_some());
     }
 
     // A peer joins parts with `_`, so ("a_b", "c") and ("a", "b_c") collide; length
@@ -179,17 +304,26 @@ mod tests {
             "r",
             vec![KeyPart::Header("x-a".into()), KeyPart::Header("x-b".into())],
         );
-        let first = counter_key(&rule, &request(&[("x-a", "a_b"), ("x-b", "c")], None));
-        let second = counter_key(&rule, &request(&[("x-a", "a"), ("x-b", "b_c")], None));
+        let first = key(&rule, &request(&[("x-a", "a_b"), ("x-b", "c")], None));
+        let second = key(&rule, &request(&[("x-a", "a"), ("x-b", "b_c")], None));
         assert_ne!(first, second);
+        // The same bytes from two different sources are two different keys too.
+        let by_header = rule_with(vec![KeyPart::Header("x-a".into())]);
+        let by_constant = rule_with(vec![KeyPart::Constant("v".into())]);
+        let req = request(&[("x-a", "v")], None);
+        assert_ne!(key(&by_header, &req), key(&by_constant, &req));
+    }
+
+    fn rule_with(key: Vec<KeyPart>) -> Rule {
+        rule("same", key)
     }
 
     #[test]
     fn same_client_under_two_rules_gets_two_counters() {
-        let by_key = rule("a", vec![KeyPart::Header("x-api-key".into())]);
-        let by_key_too = rule("b", vec![KeyPart::Header("x-api-key".into())]);
         let req = request(&[("x-api-key", "k")], None);
-        assert_ne!(counter_key(&by_key, &req), counter_key(&by_key_too, &req));
+        let a = rule("a", vec![KeyPart::Header("x-api-key".into())]);
+        let b = rule("b", vec![KeyPart::Header("x-api-key".into())]);
+        assert_ne!(key(&a, &req), key(&b, &req));
     }
 
     #[test]
@@ -199,19 +333,67 @@ mod tests {
         let req = request(&[("x-user", "alice")], None);
         let tag = |key: String| key[key.find('{').unwrap()..].to_string();
         assert_eq!(
-            tag(counter_key(&minute, &req).unwrap()),
-            tag(counter_key(&day, &req).unwrap())
+            tag(counter_key(&minute, &req, 0).unwrap()),
+            tag(counter_key(&day, &req, 0).unwrap())
         );
+    }
+
+    #[test]
+    fn path_method_constant_and_claim_parts() {
+        let req = FakeRequest::get("/items/7?page=2").with_claim("sub", "alice");
+        assert_eq!(part_value(&KeyPart::Path, &req, 0).as_deref(), Some("/items/7"));
+        assert_eq!(part_value(&KeyPart::Method, &req, 0).as_deref(), Some("GET"));
+        assert_eq!(
+            part_value(&KeyPart::Constant("all".into()), &req, 0).as_deref(),
+            Some("all")
+        );
+        assert_eq!(
+            part_value(&KeyPart::JwtClaim("sub".into()), &req, 0).as_deref(),
+            Some("alice")
+        );
+        assert_eq!(part_value(&KeyPart::JwtClaim("tier".into()), &req, 0), None);
     }
 
     #[test]
     fn client_ip_ignores_the_port() {
         let rule = rule("ip", vec![KeyPart::ClientIp]);
-        let a = counter_key(&rule, &request(&[], Some("10.0.0.1:1111")));
-        let b = counter_key(&rule, &request(&[], Some("10.0.0.1:2222")));
-        assert_eq!(a, b);
-        assert_eq!(client_ip("[::1]:80"), Some("::1".parse().unwrap()));
-        assert_eq!(client_ip("192.0.2.7"), Some("192.0.2.7".parse().unwrap()));
-        assert_eq!(client_ip("not-an-ip:80"), None);
+        assert_eq!(
+            key(&rule, &request(&[], Some("10.0.0.1:1111"))),
+            key(&rule, &request(&[], Some("10.0.0.1:2222")))
+        );
+        assert_eq!(parse_ip("[::1]:80"), Some("::1".parse().unwrap()));
+        assert_eq!(parse_ip("192.0.2.7"), Some("192.0.2.7".parse().unwrap()));
+        assert_eq!(parse_ip("not-an-ip:80"), None);
+    }
+
+    fn ip(text: &str) -> Option<IpAddr> {
+        Some(text.parse().unwrap())
+    }
+
+    #[test]
+    fn forwarded_for_is_trusted_only_through_the_configured_hops() {
+        let peer = Some("10.0.0.9:443");
+        let via = |xff: &str| request(&[("x-forwarded-for", xff)], peer);
+        // No trusted hops: the header is ignored entirely.
+        assert_eq!(client_ip(&via("203.0.113.5"), 0), ip("10.0.0.9"));
+        // One trusted proxy appended the client it saw; a spoofed left part is ignored.
+        assert_eq!(client_ip(&via("203.0.113.5"), 1), ip("203.0.113.5"));
+        assert_eq!(client_ip(&via("6.6.6.6, 203.0.113.5"), 1), ip("203.0.113.5"));
+        assert_eq!(
+            client_ip(&via("1.1.1.1,6.6.6.6, 203.0.113.5"), 1),
+            ip("203.0.113.5")
+        );
+        // Two trusted proxies: the client is second from the right.
+        assert_eq!(
+            client_ip(&via("6.6.6.6, 203.0.113.5, 10.0.0.2"), 2),
+            ip("203.0.113.5")
+        );
+        // Too short for the trusted chain, or garbage: the peer.
+        assert_eq!(client_ip(&via("203.0.113.5"), 2), ip("10.0.0.9"));
+        assert_eq!(client_ip(&via("not-an-ip"), 1), ip("10.0.0.9"));
+        assert_eq!(client_ip(&request(&[], peer), 1), ip("10.0.0.9"));
+        // A hostile header costs N steps and still yields the trusted entry.
+        let hostile = format!("{}203.0.113.5", "6.6.6.6,".repeat(100_000));
+        assert_eq!(client_ip(&via(&hostile), 1), ip("203.0.113.5"));
     }
 }

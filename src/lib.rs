@@ -2,13 +2,16 @@
 //!
 //! The crate is two things at once. Compiled for `wasm32`, it is the proxy-wasm HTTP
 //! filter (the thin host layer in [`host`]). Compiled natively, it is the pure decision
-//! logic that layer drives: configuration ([`config`]), counter keys ([`keys`]), the
-//! filter-to-shim wire format ([`wire`], also used by `redis-shim`) and the client-facing
-//! response contract ([`response`]). Nothing outside [`host`] touches the proxy-wasm host,
+//! logic that layer drives: configuration ([`config`]), request matching ([`matching`]),
+//! counter keys ([`keys`]), the per-request plan of checks ([`plan`]), the filter-to-shim
+//! wire format ([`wire`], also used by `redis-shim`) and the client-facing response
+//! contract ([`response`]). Nothing outside [`host`] touches the proxy-wasm host,
 //! so `cargo test` exercises every decision natively.
 
 pub mod config;
 pub mod keys;
+pub mod matching;
+pub mod plan;
 pub mod response;
 pub mod wire;
 

@@ -1,25 +1,26 @@
 //! The client-facing contract: what the filter does with the shim's answer.
 //!
 //! [`decide`] turns the shim's per-rule results into either rate-limit headers for an
-//! allowed response or a complete 429 reply; [`on_shim_failure`] applies the configured
+//! allowed response or a complete refusal; [`on_shim_failure`] applies the configured
 //! failure mode when no valid answer came. Both are pure: the host layer only applies the
-//! [`Outcome`].
+//! [`Outcome`]. Shadow rules never refuse and never appear in client-facing headers.
 
-use crate::config::{FailureMode, Rule};
-use crate::wire::{CheckResponse, CheckResult};
+use crate::config::{FailureMode, HeaderStyle, ResponseSettings, Rule};
+use crate::wire::{Check, CheckResponse, CheckResult};
 use serde_json::json;
 
-pub const LIMIT_HEADER: &str = "x-ratelimit-limit";
-pub const REMAINING_HEADER: &str = "x-ratelimit-remaining";
-pub const RESET_HEADER: &str = "x-ratelimit-reset";
 pub const RETRY_AFTER_HEADER: &str = "retry-after";
+pub const POLICY_HEADER: &str = "ratelimit-policy";
+pub const RATELIMIT_HEADER: &str = "ratelimit";
 const PROBLEM_JSON: &str = "application/problem+json";
+
+pub type Headers = Vec<(String, String)>;
 
 /// What the host layer must do with the paused request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Resume the request and add these headers to its response.
-    Allow { headers: Vec<(&'static str, String)> },
+    Allow { headers: Headers },
     /// Answer locally with this reply.
     Reply(LocalReply),
 }
@@ -28,7 +29,7 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalReply {
     pub status: u32,
-    pub headers: Vec<(&'static str, String)>,
+    pub headers: Headers,
     pub body: String,
 }
 
@@ -39,31 +40,52 @@ pub struct MismatchedAnswer {
     pub received: usize,
 }
 
-/// Decides the request from the shim's answer. `rules` are the rules checked, in the
-/// order of the answer's results; `now_unix_ms` is the host's wall clock.
+/// One rule checked for this request, with the check sent for it (whose limit and
+/// period reflect the client's tier).
+pub type Applied<'a> = (&'a Rule, &'a Check);
+
+/// Decides the request from the shim's answer. `applied` is in the order of the answer's
+/// results; `now_unix_ms` is the host's wall clock.
 pub fn decide(
-    rules: &[&Rule],
+    applied: &[Applied<'_>],
     answer: &CheckResponse,
     now_unix_ms: u64,
+    settings: &ResponseSettings,
 ) -> Result<Outcome, MismatchedAnswer> {
-    if answer.results.len() != rules.len() || rules.is_empty() {
+    if answer.results.len() != applied.len() || applied.is_empty() {
         return Err(MismatchedAnswer {
-            expected: rules.len(),
+            expected: applied.len(),
             received: answer.results.len(),
         });
     }
-    if answer.allowed {
-        let tightest = most_restrictive_allowed(&answer.results);
-        return Ok(Outcome::Allow {
-            headers: rate_limit_headers(&answer.results[tightest], now_unix_ms),
-        });
-    }
-    let refusing = refusing_rule(&answer.results);
-    Ok(Outcome::Reply(too_many_requests(
-        rules[refusing],
-        &answer.results[refusing],
+    let enforcing: Vec<usize> = (0..applied.len()).filter(|&i| !applied[i].0.shadow).collect();
+    let refusing = enforcing
+        .iter()
+        .copied()
+        .filter(|&i| !answer.results[i].allowed)
+        .max_by_key(|&i| answer.results[i].retry_after_ms);
+    let headers = rate_limit_headers(
+        applied,
+        &answer.results,
+        &enforcing,
+        refusing,
         now_unix_ms,
-    )))
+        settings,
+    );
+    Ok(match refusing {
+        None => Outcome::Allow { headers },
+        Some(index) => Outcome::Reply(refusal(applied[index], &answer.results[index], headers, settings)),
+    })
+}
+
+/// Names of the shadow rules that would have refused this request.
+pub fn shadow_refusals<'a>(applied: &[Applied<'a>], answer: &CheckResponse) -> Vec<&'a str> {
+    applied
+        .iter()
+        .zip(&answer.results)
+        .filter(|((rule, _), result)| rule.shadow && !result.allowed)
+        .map(|((rule, _), _)| rule.name.as_str())
+        .collect()
 }
 
 /// The outcome when the shim gave no usable answer (down, slow, garbage).
@@ -80,8 +102,8 @@ pub fn on_shim_failure(mode: FailureMode) -> Outcome {
             Outcome::Reply(LocalReply {
                 status: 503,
                 headers: vec![
-                    ("content-type", PROBLEM_JSON.to_string()),
-                    (RETRY_AFTER_HEADER, "1".to_string()),
+                    ("content-type".into(), PROBLEM_JSON.into()),
+                    (RETRY_AFTER_HEADER.into(), "1".into()),
                 ],
                 body: body.to_string(),
             })
@@ -89,80 +111,152 @@ pub fn on_shim_failure(mode: FailureMode) -> Outcome {
     }
 }
 
-/// Index of the result with the least headroom: fewest remaining, then longest reset.
-fn most_restrictive_allowed(results: &[CheckResult]) -> usize {
-    (0..results.len())
-        .min_by_key(|&i| (results[i].remaining, std::cmp::Reverse(results[i].reset_ms)))
-        .unwrap_or(0)
-}
-
-/// Index of the refusing result that keeps the client waiting longest.
-fn refusing_rule(results: &[CheckResult]) -> usize {
-    (0..results.len())
-        .filter(|&i| !results[i].allowed)
-        .max_by_key(|&i| results[i].retry_after_ms)
-        .unwrap_or_else(|| most_restrictive_allowed(results))
-}
-
 fn ceil_seconds(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
-/// `X-RateLimit-*` headers; the reset is the Unix time (seconds, rounded up) at which the
-/// counter is back to its full limit.
-pub fn rate_limit_headers(result: &CheckResult, now_unix_ms: u64) -> Vec<(&'static str, String)> {
-    vec![
-        (LIMIT_HEADER, result.limit.to_string()),
-        (REMAINING_HEADER, result.remaining.to_string()),
-        (
-            RESET_HEADER,
-            ceil_seconds(now_unix_ms + result.reset_ms).to_string(),
-        ),
-    ]
+/// `Retry-After` of a refusal: whole seconds rounded up, never 0, so a client that obeys
+/// it never comes back before the refusing rule admits it.
+fn retry_after_seconds(result: &CheckResult) -> u64 {
+    ceil_seconds(result.retry_after_ms).max(1)
 }
 
-/// The 429 reply: rate-limit headers, `Retry-After` in whole seconds rounded up (never
-/// less than 1, so a client never retries before the refusing rule allows it), and an
-/// RFC 9457 problem document naming the rule.
-pub fn too_many_requests(rule: &Rule, result: &CheckResult, now_unix_ms: u64) -> LocalReply {
-    let retry_after = ceil_seconds(result.retry_after_ms).max(1);
-    let mut headers = rate_limit_headers(result, now_unix_ms);
-    headers.push((RETRY_AFTER_HEADER, retry_after.to_string()));
-    headers.push(("content-type", PROBLEM_JSON.to_string()));
-    let body = json!({
-        "type": "about:blank",
-        "title": "Too Many Requests",
-        "status": 429,
-        "detail": format!(
-            "Rate limit '{}' exceeded: {} requests per {} ms. Retry in {} s.",
-            rule.name, rule.limit, rule.period_ms, retry_after
+/// Seconds until the draft's quota `t`: for the refusing rule the same value as
+/// `Retry-After` (never earlier), otherwise until the counter is full again.
+fn draft_reset_seconds(result: &CheckResult, is_refusing: bool) -> u64 {
+    if is_refusing {
+        retry_after_seconds(result)
+    } else {
+        ceil_seconds(result.reset_ms)
+    }
+}
+
+fn rate_limit_headers(
+    applied: &[Applied<'_>],
+    results: &[CheckResult],
+    enforcing: &[usize],
+    refusing: Option<usize>,
+    now_unix_ms: u64,
+    settings: &ResponseSettings,
+) -> Headers {
+    let mut headers = Vec::new();
+    if enforcing.is_empty() {
+        return headers;
+    }
+    let style = settings.header_style;
+    if matches!(style, HeaderStyle::XRateLimit | HeaderStyle::Both) {
+        // The rule that refused, else the one with the least headroom.
+        let tightest = refusing.unwrap_or_else(|| {
+            enforcing
+                .iter()
+                .copied()
+                .min_by_key(|&i| (results[i].remaining, std::cmp::Reverse(results[i].reset_ms)))
+                .unwrap_or(enforcing[0])
+        });
+        let result = &results[tightest];
+        headers.push((settings.limit_header.clone(), result.limit.to_string()));
+        headers.push((settings.remaining_header.clone(), result.remaining.to_string()));
+        headers.push((
+            settings.reset_header.clone(),
+            ceil_seconds(now_unix_ms + result.reset_ms).to_string(),
+        ));
+    }
+    if matches!(style, HeaderStyle::IetfDraft | HeaderStyle::Both) {
+        let policies: Vec<String> = enforcing
+            .iter()
+            .map(|&i| {
+                let (rule, check) = applied[i];
+                format!(
+                    "\"{}\";q={};w={}",
+                    rule.name,
+                    check.limit,
+                    ceil_seconds(check.period_ms).max(1)
+                )
+            })
+            .collect();
+        let states: Vec<String> = enforcing
+            .iter()
+            .map(|&i| {
+                let t = draft_reset_seconds(&results[i], refusing == Some(i));
+                format!("\"{}\";r={};t={}", applied[i].0.name, results[i].remaining, t)
+            })
+            .collect();
+        headers.push((POLICY_HEADER.into(), policies.join(", ")));
+        headers.push((RATELIMIT_HEADER.into(), states.join(", ")));
+    }
+    headers
+}
+
+/// The refusal: rate-limit headers, `Retry-After`, and an RFC 9457 problem document
+/// naming the rule (or the configured body).
+fn refusal(
+    (rule, check): Applied<'_>,
+    result: &CheckResult,
+    mut headers: Headers,
+    settings: &ResponseSettings,
+) -> LocalReply {
+    let retry_after = retry_after_seconds(result);
+    headers.push((RETRY_AFTER_HEADER.into(), retry_after.to_string()));
+    let (content_type, body) = match &settings.body {
+        Some(custom) => (
+            custom.content_type.clone(),
+            custom
+                .template
+                .replace("{rule}", &rule.name)
+                .replace("{limit}", &check.limit.to_string())
+                .replace("{retry_after}", &retry_after.to_string()),
         ),
-        "rule": rule.name,
-        "limit": rule.limit,
-        "period_ms": rule.period_ms,
-        "retry_after": retry_after,
-    });
+        None => (
+            PROBLEM_JSON.to_string(),
+            json!({
+                "type": "about:blank",
+                "title": "Too Many Requests",
+                "status": settings.status,
+                "detail": format!(
+                    "Rate limit '{}' exceeded: {} per {} ms. Retry in {} s.",
+                    rule.name, check.limit, check.period_ms, retry_after
+                ),
+                "rule": rule.name,
+                "limit": check.limit,
+                "period_ms": check.period_ms,
+                "retry_after": retry_after,
+            })
+            .to_string(),
+        ),
+    };
+    headers.push(("content-type".into(), content_type));
     LocalReply {
-        status: 429,
+        status: settings.status,
         headers,
-        body: body.to_string(),
+        body,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{CustomBody, FilterConfig};
+    use crate::keys::tests::rule as make_rule;
     use crate::keys::KeyPart;
     use crate::wire::Algorithm;
 
-    fn rule(name: &str, limit: u64) -> Rule {
+    fn rule(name: &str, limit: u64, shadow: bool) -> Rule {
         Rule {
-            name: name.into(),
-            key: vec![KeyPart::ClientIp],
-            algorithm: Algorithm::TokenBucket,
             limit,
-            period_ms: 60_000,
+            shadow,
+            ..make_rule(name, vec![KeyPart::ClientIp])
+        }
+    }
+
+    fn check_for(rule: &Rule) -> Check {
+        Check {
+            key: format!("{}:{{k}}", rule.name),
+            algorithm: Algorithm::TokenBucket,
+            limit: rule.limit,
+            period_ms: rule.period_ms,
             cost: 1,
+            shadow: rule.shadow,
+            lease: 0,
         }
     }
 
@@ -173,54 +267,72 @@ mod tests {
             remaining,
             reset_ms,
             retry_after_ms,
-            granted: if allowed { 1 } else { 0 },
+            granted: u64::from(allowed),
         }
     }
 
-    fn header<'a>(headers: &'a [(&'static str, String)], name: &str) -> &'a str {
-        headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_str())
-            .unwrap_or_else(|| panic!("no {name}"))
+    fn settings(style: HeaderStyle) -> ResponseSettings {
+        let mut settings = FilterConfig::from_json(br#"{"shim_cluster": "c", "rules": [{"name": "r", "key": ["client_ip"], "limit": 1, "period": "1s"}]}"#)
+            .unwrap()
+            .response;
+        settings.header_style = style;
+        settings
+    }
+
+    fn header<'a>(headers: &'a Headers, name: &str) -> Option<&'a str> {
+        headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
     }
 
     const NOW_MS: u64 = 1_700_000_000_250;
 
-    #[test]
-    fn allowed_request_gets_the_tightest_rules_headers() {
-        let (a, b) = (rule("a", 100), rule("b", 5));
+    fn run(rules: &[Rule], results: Vec<CheckResult>, style: HeaderStyle) -> Outcome {
+        let checks: Vec<Check> = rules.iter().map(check_for).collect();
+        let applied: Vec<Applied<'_>> = rules.iter().zip(&checks).collect();
         let answer = CheckResponse {
-            allowed: true,
-            results: vec![result(true, 100, 90, 6_000, 0), result(true, 5, 2, 36_000, 0)],
+            allowed: results
+                .iter()
+                .zip(rules)
+                .all(|(r, rule)| r.allowed || rule.shadow),
+            results,
         };
-        let Outcome::Allow { headers } = decide(&[&a, &b], &answer, NOW_MS).unwrap() else {
-            panic!("expected allow")
-        };
-        assert_eq!(header(&headers, LIMIT_HEADER), "5");
-        assert_eq!(header(&headers, REMAINING_HEADER), "2");
-        // 1_700_000_000.250 s + 36 s, rounded up.
-        assert_eq!(header(&headers, RESET_HEADER), "1700000037");
+        decide(&applied, &answer, NOW_MS, &settings(style)).unwrap()
     }
 
     #[test]
-    fn refusal_is_a_429_naming_the_refusing_rule() {
-        let (a, b) = (rule("per-user", 100), rule("per-ip", 5));
-        let answer = CheckResponse {
-            allowed: false,
-            results: vec![
+    fn allowed_request_gets_the_tightest_rules_headers() {
+        let rules = [rule("a", 100, false), rule("b", 5, false)];
+        let Outcome::Allow { headers } = run(
+            &rules,
+            vec![result(true, 100, 90, 6_000, 0), result(true, 5, 2, 36_000, 0)],
+            HeaderStyle::XRateLimit,
+        ) else {
+            panic!("expected allow")
+        };
+        assert_eq!(header(&headers, "x-ratelimit-limit"), Some("5"));
+        assert_eq!(header(&headers, "x-ratelimit-remaining"), Some("2"));
+        // 1_700_000_000.250 s + 36 s, rounded up.
+        assert_eq!(header(&headers, "x-ratelimit-reset"), Some("1700000037"));
+        assert_eq!(header(&headers, POLICY_HEADER), None);
+    }
+
+    #[test]
+    fn refusal_names_the_refusing_rule() {
+        let rules = [rule("per-user", 100, false), rule("per-ip", 5, false)];
+        let Outcome::Reply(reply) = run(
+            &rules,
+            vec![
                 result(true, 100, 50, 30_000, 0),
                 result(false, 5, 0, 60_000, 11_001),
             ],
-        };
-        let Outcome::Reply(reply) = decide(&[&a, &b], &answer, NOW_MS).unwrap() else {
+            HeaderStyle::XRateLimit,
+        ) else {
             panic!("expected a reply")
         };
         assert_eq!(reply.status, 429);
-        assert_eq!(header(&reply.headers, RETRY_AFTER_HEADER), "12");
-        assert_eq!(header(&reply.headers, LIMIT_HEADER), "5");
-        assert_eq!(header(&reply.headers, REMAINING_HEADER), "0");
-        assert_eq!(header(&reply.headers, "content-type"), PROBLEM_JSON);
+        assert_eq!(header(&reply.headers, RETRY_AFTER_HEADER), Some("12"));
+        assert_eq!(header(&reply.headers, "x-ratelimit-limit"), Some("5"));
+        assert_eq!(header(&reply.headers, "x-ratelimit-remaining"), Some("0"));
+        assert_eq!(header(&reply.headers, "content-type"), Some(PROBLEM_JSON));
         let body: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
         assert_eq!(body["rule"], "per-ip");
         assert_eq!(body["status"], 429);
@@ -228,21 +340,99 @@ mod tests {
     }
 
     #[test]
+    fn draft_headers_list_every_enforcing_rule_and_t_is_never_before_retry_after() {
+        let rules = [
+            rule("per-key", 100, false),
+            rule("per-ip", 10, false),
+            rule("trial", 1, true),
+        ];
+        let Outcome::Reply(reply) = run(
+            &rules,
+            vec![
+                result(true, 100, 42, 17_200, 0),
+                result(false, 10, 0, 59_000, 5_500),
+                result(false, 1, 0, 1_000, 900),
+            ],
+            HeaderStyle::IetfDraft,
+        ) else {
+            panic!("expected a reply")
+        };
+        assert_eq!(
+            header(&reply.headers, POLICY_HEADER),
+            Some(r#""per-key";q=100;w=60, "per-ip";q=10;w=60"#)
+        );
+        assert_eq!(
+            header(&reply.headers, RATELIMIT_HEADER),
+            Some(r#""per-key";r=42;t=18, "per-ip";r=0;t=6"#)
+        );
+        assert_eq!(header(&reply.headers, RETRY_AFTER_HEADER), Some("6"));
+        assert_eq!(header(&reply.headers, "x-ratelimit-limit"), None);
+    }
+
+    #[test]
+    fn shadow_rules_never_refuse_nor_show() {
+        let rules = [rule("live", 100, false), rule("trial", 1, true)];
+        let results = vec![result(true, 100, 99, 600, 0), result(false, 1, 0, 1_000, 1_000)];
+        let Outcome::Allow { headers } = run(&rules, results.clone(), HeaderStyle::Both) else {
+            panic!("a shadow rule refused")
+        };
+        assert_eq!(header(&headers, "x-ratelimit-limit"), Some("100"));
+        assert_eq!(header(&headers, POLICY_HEADER), Some(r#""live";q=100;w=60"#));
+        let checks: Vec<Check> = rules.iter().map(check_for).collect();
+        let applied: Vec<Applied<'_>> = rules.iter().zip(&checks).collect();
+        let answer = CheckResponse {
+            allowed: true,
+            results,
+        };
+        assert_eq!(shadow_refusals(&applied, &answer), ["trial"]);
+    }
+
+    #[test]
+    fn custom_status_body_and_header_names() {
+        let rules = [rule("r", 5, false)];
+        let checks: Vec<Check> = rules.iter().map(check_for).collect();
+        let applied: Vec<Applied<'_>> = rules.iter().zip(&checks).collect();
+        let mut custom = settings(HeaderStyle::XRateLimit);
+        custom.status = 503;
+        custom.limit_header = "x-quota".into();
+        custom.body = Some(CustomBody {
+            content_type: "text/plain".into(),
+            template: "{rule}: {limit} max, retry in {retry_after}s".into(),
+        });
+        let answer = CheckResponse {
+            allowed: false,
+            results: vec![result(false, 5, 0, 60_000, 2_000)],
+        };
+        let Outcome::Reply(reply) = decide(&applied, &answer, NOW_MS, &custom).unwrap() else {
+            panic!("expected a reply")
+        };
+        assert_eq!(reply.status, 503);
+        assert_eq!(reply.body, "r: 5 max, retry in 2s");
+        assert_eq!(header(&reply.headers, "content-type"), Some("text/plain"));
+        assert_eq!(header(&reply.headers, "x-quota"), Some("5"));
+    }
+
+    #[test]
     fn retry_after_is_never_zero() {
-        let a = rule("a", 5);
-        let reply = too_many_requests(&a, &result(false, 5, 0, 100, 1), NOW_MS);
-        assert_eq!(header(&reply.headers, RETRY_AFTER_HEADER), "1");
+        let rules = [rule("a", 5, false)];
+        let Outcome::Reply(reply) = run(&rules, vec![result(false, 5, 0, 100, 1)], HeaderStyle::None) else {
+            panic!("expected a reply")
+        };
+        assert_eq!(header(&reply.headers, RETRY_AFTER_HEADER), Some("1"));
+        assert_eq!(header(&reply.headers, "x-ratelimit-limit"), None);
     }
 
     #[test]
     fn answer_with_wrong_result_count_is_rejected() {
-        let a = rule("a", 5);
+        let rules = [rule("a", 5, false)];
+        let checks: Vec<Check> = rules.iter().map(check_for).collect();
+        let applied: Vec<Applied<'_>> = rules.iter().zip(&checks).collect();
         let answer = CheckResponse {
             allowed: true,
             results: vec![],
         };
         assert_eq!(
-            decide(&[&a], &answer, NOW_MS),
+            decide(&applied, &answer, NOW_MS, &settings(HeaderStyle::XRateLimit)),
             Err(MismatchedAnswer {
                 expected: 1,
                 received: 0
