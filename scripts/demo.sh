@@ -1,20 +1,36 @@
 #!/usr/bin/env bash
-# Sends a burst with one fresh API key through the running stack and prints each
-# response's status and rate-limit headers as a table.
+# Sends traffic through the running demo stack (envoy.yaml) and prints each response's
+# status and rate-limit headers as a table.
 set -euo pipefail
-key="demo-$(date +%s)-$RANDOM"
-count=${1:-13}
-echo "Rule: 10 requests per minute per x-api-key. Sending $count requests with x-api-key: $key"
-echo
-printf '%-4s %-6s %-8s %-10s %-12s %-12s\n' "#" status limit remaining reset retry-after
-for i in $(seq 1 "$count"); do
-    headers=$(curl -s -o /dev/null -D - -H "x-api-key: $key" http://127.0.0.1:10000/)
-    field() { printf '%s\n' "$headers" | tr -d '\r' | awk -v name="$1" 'tolower($1) == name":" { print $2 }'; }
+url=http://127.0.0.1:10000
+run_id="$(date +%s)-$RANDOM"
+
+row() { # label, then curl arguments
+    local label=$1; shift
+    local headers status
+    headers=$(curl -s -o /dev/null -D - "$@")
+    field() { printf '%s\n' "$headers" | tr -d '\r' | awk -v name="$1" 'tolower($1) == name":" { $1 = ""; print substr($0, 2) }'; }
     status=$(printf '%s\n' "$headers" | awk 'NR == 1 { print $2 }')
-    printf '%-4s %-6s %-8s %-10s %-12s %-12s\n' "$i" "$status" "$(field x-ratelimit-limit)" \
-        "$(field x-ratelimit-remaining)" "$(field x-ratelimit-reset)" "$(field retry-after)"
-done
+    printf '%-14s %-6s %-6s %-10s %-11s %-12s %s\n' "$label" "$status" "$(field x-ratelimit-limit)" \
+        "$(field x-ratelimit-remaining)" "$(field x-ratelimit-reset)" "$(field retry-after)" "$(field ratelimit)"
+}
+heading() {
+    echo
+    echo "$1"
+    printf '%-14s %-6s %-6s %-10s %-11s %-12s %s\n' request status limit remaining reset retry-after "RateLimit (IETF draft)"
+}
+
+key="demo-$run_id"
+heading "13 requests with one API key (per-api-key: 10 per minute)"
+for i in $(seq 1 13); do row "GET / #$i" -H "x-api-key: $key" "$url/"; done
+
+heading "A premium key (prefix vip:) gets 100 per minute from the same rule"
+row "GET /" -H "x-api-key: vip:$run_id" "$url/"
+
+heading "An export costs 5 tokens"
+for i in 1 2 3; do row "GET /export #$i" -H "x-api-key: export-$run_id" "$url/export"; done
+
 echo
 echo "The body of a refused request:"
-curl -s -H "x-api-key: $key" http://127.0.0.1:10000/
+curl -s -H "x-api-key: $key" "$url/"
 echo

@@ -121,7 +121,7 @@ fn shipped_envoy_yaml_passes_envoy_validation() {
     wasm_path();
     let (ok, output) = envoy_validate(&repo_root().join("envoy.yaml"));
     assert!(ok, "{output}");
-    assert!(output.contains("configured with 1 rule(s)"), "{output}");
+    assert!(output.contains("configured with 3 rule(s)"), "{output}");
 }
 
 #[test]
@@ -137,15 +137,54 @@ fn envoy_refuses_bad_plugin_configs_naming_the_field() {
         }
         json!({ "shim_cluster": "ratelimit_shim", "rules": [rule] })
     };
+    let top = |extra: serde_json::Value| {
+        let mut config = json!({ "shim_cluster": "ratelimit_shim",
+            "rules": [{ "name": "r", "key": ["client_ip"], "limit": 5, "period": "1m" }] });
+        for (k, v) in extra.as_object().unwrap() {
+            config[k] = v.clone();
+        }
+        config
+    };
     let cases = [
         (rule(json!({ "limit": null })), "rules[0]: missing field `limit`"),
         (rule(json!({ "limit": 0 })), "rules[0].limit"),
+        (rule(json!({ "limit": -5 })), "rules[0].limit"),
         (rule(json!({ "period": "0s" })), "rules[0].period"),
+        (rule(json!({ "period": "-1m" })), "rules[0].period"),
         (rule(json!({ "period": "soon" })), "rules[0].period"),
         (rule(json!({ "cost": 9 })), "rules[0].cost"),
         (rule(json!({ "algorithm": "magic" })), "rules[0].algorithm"),
         (rule(json!({ "burst": 3 })), "unknown field `burst`"),
+        (rule(json!({ "name": "has space" })), "rules[0].name"),
+        (rule(json!({ "key": ["shoe_size"] })), "rules[0].key[0]"),
+        (
+            rule(json!({ "match": { "path_prefix": "no-slash" } })),
+            "rules[0].match.path_prefix",
+        ),
+        (
+            rule(json!({ "match": { "path": "/a", "path_prefix": "/b" } })),
+            "rules[0].match.path",
+        ),
+        (
+            rule(json!({ "costs": [{ "match": { "path": "/export" }, "cost": 50 }] })),
+            "rules[0].costs[0].cost",
+        ),
+        (
+            rule(json!({ "tiers": [{ "name": "vip", "when": { "header": "x-api-key" }, "limit": 10 }] })),
+            "rules[0].tiers[0].when",
+        ),
+        (
+            rule(json!({ "algorithm": "sliding_window_log", "limit": 100000 })),
+            "rules[0].limit",
+        ),
         (json!({ "rules": [] }), "missing field `shim_cluster`"),
+        (top(json!({ "timeout": "0ms" })), "timeout"),
+        (top(json!({ "failure_mode": "sometimes" })), "failure_mode"),
+        (top(json!({ "response": { "status": 200 } })), "response.status"),
+        (
+            top(json!({ "response": { "headers": "fancy" } })),
+            "response.headers",
+        ),
     ];
     for (config, expected) in cases {
         let (ok, output) = envoy_validate_plugin(&config);

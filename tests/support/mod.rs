@@ -206,10 +206,15 @@ impl Envoy {
     /// Starts Envoy with the filter configured by `plugin_config`, calling the shim on
     /// `shim_port`, with a route that answers 200 itself.
     pub fn start(shim_port: u16, plugin_config: &Value) -> Envoy {
+        Envoy::start_with_filters(shim_port, plugin_config, &[])
+    }
+
+    /// As [`Envoy::start`], with other HTTP filters (e.g. `jwt_authn`) before ours.
+    pub fn start_with_filters(shim_port: u16, plugin_config: &Value, filters_before: &[Value]) -> Envoy {
         let (port, admin_port) = (free_port(), free_port());
         let dir = scratch_dir("envoy");
         let config_path = dir.join("envoy.json");
-        let config = envoy_config(port, admin_port, shim_port, plugin_config);
+        let config = envoy_config_with_filters(port, admin_port, shim_port, plugin_config, filters_before);
         fs::write(&config_path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
         let process = Process::spawn(
             Command::new(envoy_path())
@@ -246,6 +251,21 @@ impl Envoy {
 
 /// An Envoy bootstrap (as JSON) with the filter in front of a direct 200 response.
 pub fn envoy_config(port: u16, admin_port: u16, shim_port: u16, plugin_config: &Value) -> Value {
+    envoy_config_with_filters(port, admin_port, shim_port, plugin_config, &[])
+}
+
+/// As [`envoy_config`], with `filters_before` ahead of the rate-limit filter.
+pub fn envoy_config_with_filters(
+    port: u16,
+    admin_port: u16,
+    shim_port: u16,
+    plugin_config: &Value,
+    filters_before: &[Value],
+) -> Value {
+    let mut http_filters: Vec<Value> = filters_before.to_vec();
+    http_filters.push(wasm_filter(plugin_config));
+    http_filters.push(json!({ "name": "envoy.filters.http.router",
+        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" } }));
     let address = |port: u16| json!({ "socket_address": { "address": "127.0.0.1", "port_value": port } });
     json!({
         "static_resources": {
@@ -262,11 +282,7 @@ pub fn envoy_config(port: u16, admin_port: u16, shim_port: u16, plugin_config: &
                             "routes": [{ "match": { "prefix": "/" },
                                          "direct_response": { "status": 200, "body": { "inline_string": "ok" } } }]
                         }]},
-                        "http_filters": [
-                            wasm_filter(plugin_config),
-                            { "name": "envoy.filters.http.router",
-                              "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" } }
-                        ]
+                        "http_filters": http_filters
                     }
                 }]}]
             }],
