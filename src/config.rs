@@ -19,6 +19,9 @@ pub const MAX_RULE_NAME_LEN: usize = 64;
 /// Most rules one filter may hold.
 pub const MAX_RULES: usize = crate::wire::MAX_CHECKS;
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+const DEFAULT_LOCAL_SLOTS: u32 = 8192;
+/// Envoy keeps every slot for the life of the VM: bound it.
+pub const MAX_LOCAL_SLOTS: u32 = 1 << 20;
 const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A configuration problem, naming the field (as a JSON path) and the reason.
@@ -85,6 +88,10 @@ pub struct FilterConfig {
     /// Key of the verified JWT payload in `jwt_authn`'s dynamic metadata.
     pub jwt_payload_in_metadata: String,
     pub response: ResponseSettings,
+    /// Slots of the shared-data table holding local state (buckets, deny cache, leases).
+    pub local_slots: u32,
+    /// Refuse a key locally until the time the shim said it may retry.
+    pub deny_cache: bool,
     pub rules: Vec<Rule>,
 }
 
@@ -138,6 +145,49 @@ pub struct Rule {
     pub costs: Vec<WeightedCost>,
     /// Counts and logs, never refuses.
     pub shadow: bool,
+    /// Where the rule's own limit is enforced.
+    pub scope: Scope,
+    /// A per-Envoy bucket in front of the global check: requests over it are refused
+    /// without a shim call.
+    pub local: Option<LocalLimit>,
+    /// Take tokens from the shim in leases and spend them locally.
+    pub lease: Option<Lease>,
+    /// What this rule does when the shim cannot answer.
+    pub on_failure: RuleFailureMode,
+}
+
+/// Where a rule's limit is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// By the shim, across every Envoy sharing its Redis.
+    #[default]
+    Global,
+    /// In this Envoy's shared data only, shared by its worker threads; no shim call.
+    Local,
+}
+
+/// A token bucket kept in Envoy shared data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalLimit {
+    pub limit: u64,
+    pub period_ms: u64,
+}
+
+/// Tokens taken from the shim `size` at a time, valid for `ttl_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    pub size: u64,
+    pub ttl_ms: u64,
+}
+
+/// A rule's failure mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleFailureMode {
+    Open,
+    Closed,
+    /// Degrade to a local bucket with this limit.
+    Local(LocalLimit),
 }
 
 /// A limit for the clients a condition selects.
@@ -187,7 +237,15 @@ struct RawConfig {
     jwt_payload_in_metadata: Option<String>,
     #[serde(default)]
     response: RawResponse,
+    #[serde(default)]
+    local_slots: Option<u32>,
+    #[serde(default = "enabled")]
+    deny_cache: bool,
     rules: Vec<RawRule>,
+}
+
+fn enabled() -> bool {
+    true
 }
 
 #[derive(Deserialize, Default)]
@@ -235,6 +293,38 @@ struct RawRule {
     costs: Vec<RawCost>,
     #[serde(default)]
     shadow: bool,
+    #[serde(default)]
+    scope: Scope,
+    #[serde(default)]
+    local: Option<RawLocalLimit>,
+    #[serde(default)]
+    lease: Option<RawLease>,
+    #[serde(default)]
+    failure_mode: Option<RawRuleFailureMode>,
+    #[serde(default)]
+    fallback: Option<RawLocalLimit>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLocalLimit {
+    limit: i64,
+    period: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLease {
+    size: i64,
+    ttl: String,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum RawRuleFailureMode {
+    Open,
+    Closed,
+    Local,
 }
 
 #[derive(Deserialize)]
@@ -371,10 +461,17 @@ impl RawConfig {
         if self.rules.len() > MAX_RULES {
             return Err(ConfigError::new("rules", format!("at most {MAX_RULES} rules")));
         }
+        let local_slots = self.local_slots.unwrap_or(DEFAULT_LOCAL_SLOTS);
+        if !(1..=MAX_LOCAL_SLOTS).contains(&local_slots) {
+            return Err(ConfigError::new(
+                "local_slots",
+                format!("must be between 1 and {MAX_LOCAL_SLOTS}"),
+            ));
+        }
         let mut names = HashSet::new();
         let mut rules = Vec::with_capacity(self.rules.len());
         for (index, raw) in self.rules.into_iter().enumerate() {
-            let rule = raw.compile(&format!("rules[{index}]"))?;
+            let rule = raw.compile(&format!("rules[{index}]"), self.failure_mode)?;
             if !names.insert(rule.name.clone()) {
                 return Err(ConfigError::new(
                     format!("rules[{index}].name"),
@@ -394,6 +491,8 @@ impl RawConfig {
             xff_num_trusted_hops: self.xff_num_trusted_hops,
             jwt_payload_in_metadata,
             response,
+            local_slots,
+            deny_cache: self.deny_cache,
             rules,
         })
     }
@@ -433,8 +532,22 @@ fn compile_match(field: &str, raw: RawMatch) -> Result<RequestMatch, ConfigError
         .map_err(|(inner, reason)| ConfigError::new(format!("{field}.{inner}"), reason))
 }
 
+fn compile_local(field: String, raw: RawLocalLimit, cost: u64) -> Result<LocalLimit, ConfigError> {
+    let limit = compile_limit(format!("{field}.limit"), raw.limit, Algorithm::TokenBucket)?;
+    if cost > limit {
+        return Err(ConfigError::new(
+            format!("{field}.limit"),
+            format!("{limit} is below the cost {cost}"),
+        ));
+    }
+    Ok(LocalLimit {
+        limit,
+        period_ms: compile_period(format!("{field}.period"), &raw.period)?,
+    })
+}
+
 impl RawRule {
-    fn compile(self, at: &str) -> Result<Rule, ConfigError> {
+    fn compile(self, at: &str, default_failure_mode: FailureMode) -> Result<Rule, ConfigError> {
         let field = |name: &str| format!("{at}.{name}");
         if !is_rule_name(&self.name) {
             return Err(ConfigError::new(
@@ -489,6 +602,64 @@ impl RawRule {
                 cost: check_cost(format!("{at}.costs[{i}].cost"), raw.cost)?,
             });
         }
+        let largest_cost = costs.iter().map(|c| c.cost).chain([cost]).max().unwrap_or(cost);
+        if self.scope == Scope::Local && (self.local.is_some() || self.lease.is_some()) {
+            return Err(ConfigError::new(
+                field("scope"),
+                "a local rule is its own local bucket: it takes no `local` nor `lease`",
+            ));
+        }
+        if self.scope == Scope::Local && self.algorithm != Algorithm::TokenBucket {
+            return Err(ConfigError::new(
+                field("algorithm"),
+                "a local rule is a token bucket",
+            ));
+        }
+        let local = self
+            .local
+            .map(|raw| compile_local(field("local"), raw, largest_cost))
+            .transpose()?;
+        let lease = match self.lease {
+            None => None,
+            Some(raw) => {
+                if raw.size < largest_cost as i64 || raw.size as u64 > smallest_limit {
+                    return Err(ConfigError::new(
+                        format!("{at}.lease.size"),
+                        format!(
+                            "must be between the largest cost {largest_cost} and the limit {smallest_limit}"
+                        ),
+                    ));
+                }
+                let ttl_ms = compile_period(format!("{at}.lease.ttl"), &raw.ttl)?;
+                Some(Lease {
+                    size: raw.size as u64,
+                    ttl_ms,
+                })
+            }
+        };
+        let on_failure = match (self.failure_mode, self.fallback) {
+            (Some(RawRuleFailureMode::Local), Some(raw)) => {
+                RuleFailureMode::Local(compile_local(field("fallback"), raw, largest_cost)?)
+            }
+            (Some(RawRuleFailureMode::Local), None) => {
+                return Err(ConfigError::new(
+                    field("fallback"),
+                    "failure_mode \"local\" needs a fallback limit",
+                ))
+            }
+            (_, Some(_)) => {
+                return Err(ConfigError::new(
+                    field("fallback"),
+                    "only applies with failure_mode \"local\"",
+                ))
+            }
+            (Some(RawRuleFailureMode::Open), None) => RuleFailureMode::Open,
+            (Some(RawRuleFailureMode::Closed), None) => RuleFailureMode::Closed,
+            (None, None) => match default_failure_mode {
+                FailureMode::Open => RuleFailureMode::Open,
+                FailureMode::Closed => RuleFailureMode::Closed,
+            },
+        };
         Ok(Rule {
             name: self.name,
             key,
@@ -500,6 +671,10 @@ impl RawRule {
             cost,
             costs,
             shadow: self.shadow,
+            scope: self.scope,
+            local,
+            lease,
+            on_failure,
         })
     }
 }

@@ -1,25 +1,27 @@
 //! The proxy-wasm host layer: the only code that talks to Envoy.
 //!
-//! It reads the request's attributes, plans the checks, asks the shim with one
-//! `dispatch_http_call`, pauses the request, and applies the pure [`Outcome`] when the
-//! answer (or the call's failure or timeout) arrives. Host calls go through
-//! `hostcalls::*`, whose `Result`s are handled here instead of the SDK trait defaults
-//! that `unwrap()` them: a panic would kill the VM for every request on this worker.
+//! It reads the request's attributes, plans the checks, runs the local layer against
+//! shared data, asks the shim with one `dispatch_http_call` for what is left, pauses the
+//! request, and applies the pure [`Outcome`] when the answer (or the call's failure or
+//! timeout) arrives. Host calls go through `hostcalls::*`, whose `Result`s are handled
+//! here instead of the SDK trait defaults that `unwrap()` them: a panic would kill the VM
+//! for every request on this worker.
 
-use crate::config::FilterConfig;
+use crate::config::{FailureMode, FilterConfig};
 use crate::keys::RequestAttributes;
+use crate::local::{self, Event, FailureVerdict, LocalPass, SlotStore, StoreError};
 use crate::plan::{plan, PlannedCheck};
-use crate::response::{decide, on_shim_failure, shadow_refusals, Applied, Headers, Outcome};
-use crate::wire::{CheckRequest, CheckResponse, CHECK_PATH, TOKEN_HEADER};
+use crate::response::{self, decide, shadow_refusals, Applied, Headers, Outcome};
+use crate::wire::{Check, CheckRequest, CheckResponse, CheckResult, CHECK_PATH, TOKEN_HEADER};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType};
+use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 use std::rc::Rc;
 use std::time::UNIX_EPOCH;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(RateLimitRoot { config: None }) });
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(RateLimitRoot { filter: None }) });
 }}
 
 fn log(level: LogLevel, message: &str) {
@@ -27,9 +29,112 @@ fn log(level: LogLevel, message: &str) {
     let _ = hostcalls::log(level, message);
 }
 
+fn now_ms() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|now| now.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |since| since.as_millis() as u64)
+}
+
+/// The slot table in Envoy shared data, shared by every worker of this VM.
+struct SharedData;
+
+fn slot_key(slot: u32) -> String {
+    format!("ratelimit-wasm.slot.{slot}")
+}
+
+impl SlotStore for SharedData {
+    fn load(&self, slot: u32) -> Option<(Vec<u8>, u32)> {
+        match hostcalls::get_shared_data(&slot_key(slot)) {
+            Ok((Some(bytes), Some(cas))) => Some((bytes, cas)),
+            _ => None,
+        }
+    }
+
+    fn store(&self, slot: u32, bytes: &[u8], cas: Option<u32>) -> Result<bool, StoreError> {
+        match hostcalls::set_shared_data(&slot_key(slot), Some(bytes), cas) {
+            Ok(()) => Ok(true),
+            Err(Status::CasMismatch) => Ok(false),
+            Err(_) => Err(StoreError::Host),
+        }
+    }
+}
+
+/// Stats the filter defines, per rule: `ratelimit.<rule>.<counter>` in Envoy's stats
+/// (shown under the `wasmcustom.` prefix), plus a histogram of shim call latency.
+struct Metrics {
+    rules: Vec<RuleMetrics>,
+    shim_latency_ms: Option<u32>,
+}
+
+#[derive(Clone, Copy)]
+enum Counter {
+    Allowed,
+    Denied,
+    ShadowDenied,
+    DeniedLocally,
+    DenyCacheHits,
+    LeaseHits,
+    ShimCalls,
+    ShimErrors,
+    ShimTimeouts,
+    FailedOpen,
+    FailedClosed,
+}
+
+const COUNTERS: [(Counter, &str); 11] = [
+    (Counter::Allowed, "allowed"),
+    (Counter::Denied, "denied"),
+    (Counter::ShadowDenied, "shadow_denied"),
+    (Counter::DeniedLocally, "denied_locally"),
+    (Counter::DenyCacheHits, "deny_cache_hits"),
+    (Counter::LeaseHits, "lease_hits"),
+    (Counter::ShimCalls, "shim_calls"),
+    (Counter::ShimErrors, "shim_errors"),
+    (Counter::ShimTimeouts, "shim_timeouts"),
+    (Counter::FailedOpen, "failed_open"),
+    (Counter::FailedClosed, "failed_closed"),
+];
+
+struct RuleMetrics([Option<u32>; COUNTERS.len()]);
+
+impl Metrics {
+    fn define(config: &FilterConfig) -> Metrics {
+        let rules = config
+            .rules
+            .iter()
+            .map(|rule| {
+                RuleMetrics(COUNTERS.map(|(_, name)| {
+                    hostcalls::define_metric(
+                        MetricType::Counter,
+                        &format!("ratelimit.{}.{}", rule.name, name),
+                    )
+                    .ok()
+                }))
+            })
+            .collect();
+        Metrics {
+            rules,
+            shim_latency_ms: hostcalls::define_metric(MetricType::Histogram, "ratelimit.shim_call_ms").ok(),
+        }
+    }
+
+    fn count(&self, rule_index: usize, counter: Counter) {
+        if let Some(Some(id)) = self.rules.get(rule_index).map(|m| m.0[counter as usize]) {
+            let _ = hostcalls::increment_metric(id, 1);
+        }
+    }
+}
+
+/// What a request context needs from its plugin.
+struct Filter {
+    config: FilterConfig,
+    metrics: Metrics,
+}
+
 /// One per plugin instance: owns the compiled configuration.
 struct RateLimitRoot {
-    config: Option<Rc<FilterConfig>>,
+    filter: Option<Rc<Filter>>,
 }
 
 impl Context for RateLimitRoot {}
@@ -40,30 +145,39 @@ impl RootContext for RateLimitRoot {
             Ok(Some(bytes)) => bytes,
             _ => Vec::new(),
         };
-        match FilterConfig::from_json(&bytes) {
-            Ok(config) => {
-                log(
-                    LogLevel::Info,
-                    &format!("ratelimit-wasm: configured with {} rule(s)", config.rules.len()),
-                );
-                self.config = Some(Rc::new(config));
-                true
-            }
+        let config = match FilterConfig::from_json(&bytes) {
+            Ok(config) => config,
             Err(error) => {
                 log(
                     LogLevel::Error,
                     &format!("ratelimit-wasm: invalid plugin configuration: {error}"),
                 );
-                false
+                return false;
             }
+        };
+        if local::create_slots(&SharedData, config.local_slots).is_err() {
+            log(
+                LogLevel::Error,
+                "ratelimit-wasm: cannot create the local slot table in shared data",
+            );
+            return false;
         }
+        log(
+            LogLevel::Info,
+            &format!("ratelimit-wasm: configured with {} rule(s)", config.rules.len()),
+        );
+        let metrics = Metrics::define(&config);
+        self.filter = Some(Rc::new(Filter { config, metrics }));
+        true
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        let config = self.config.clone()?;
+        let filter = self.filter.clone()?;
         Some(Box::new(RateLimitRequest {
-            config,
+            filter,
             planned: Vec::new(),
+            pass: LocalPass::default(),
+            called_at_ms: 0,
             response_headers: Vec::new(),
         }))
     }
@@ -75,9 +189,12 @@ impl RootContext for RateLimitRoot {
 
 /// One per HTTP request.
 struct RateLimitRequest {
-    config: Rc<FilterConfig>,
-    /// The checks sent to the shim, in the order of its results.
+    filter: Rc<Filter>,
+    /// Every rule's check for this request.
     planned: Vec<PlannedCheck>,
+    /// What the local layer decided, and which checks went to the shim.
+    pass: LocalPass,
+    called_at_ms: u64,
     /// Rate-limit headers to add to the allowed response.
     response_headers: Headers,
 }
@@ -117,6 +234,10 @@ impl RequestAttributes for HostRequest<'_> {
 }
 
 impl RateLimitRequest {
+    fn config(&self) -> &FilterConfig {
+        &self.filter.config
+    }
+
     /// Applies an outcome to the request, which the caller has paused or is about to.
     fn apply(&mut self, outcome: Outcome) -> Action {
         match outcome {
@@ -143,6 +264,53 @@ impl RateLimitRequest {
         }
     }
 
+    /// Decides from every result known so far (local ones, and the shim's once merged),
+    /// and counts the decision per rule.
+    fn decide_known(&self, results: &[Option<CheckResult>]) -> Outcome {
+        let config = self.config();
+        let known: Vec<(usize, CheckResult)> = results
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.map(|r| (i, r)))
+            .collect();
+        let applied: Vec<Applied<'_>> = known
+            .iter()
+            .map(|(i, _)| {
+                (
+                    &config.rules[self.planned[*i].rule_index],
+                    &self.planned[*i].check,
+                )
+            })
+            .collect();
+        let answer = CheckResponse {
+            allowed: true,
+            results: known.iter().map(|(_, r)| *r).collect(),
+        };
+        if applied.is_empty() {
+            return Outcome::Allow { headers: Vec::new() };
+        }
+        for rule in shadow_refusals(&applied, &answer) {
+            log(
+                LogLevel::Info,
+                &format!("ratelimit-wasm: shadow rule {rule} would refuse this request"),
+            );
+        }
+        let outcome = decide(&applied, &answer, now_ms(), &config.response)
+            .unwrap_or_else(|_| response::on_shim_failure(FailureMode::Open));
+        let metrics = &self.filter.metrics;
+        for ((index, result), (rule, _)) in known.iter().zip(&applied) {
+            let rule_index = self.planned[*index].rule_index;
+            let counter = match (rule.shadow, result.allowed, &outcome) {
+                (true, false, _) => Counter::ShadowDenied,
+                (false, false, _) => Counter::Denied,
+                (_, true, Outcome::Allow { .. }) => Counter::Allowed,
+                (_, true, Outcome::Reply(_)) => continue,
+            };
+            metrics.count(rule_index, counter);
+        }
+        outcome
+    }
+
     fn read_shim_answer(&self, body_size: usize) -> Result<CheckResponse, String> {
         let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
             .ok()
@@ -158,45 +326,84 @@ impl RateLimitRequest {
         serde_json::from_slice(&body).map_err(|e| format!("unreadable answer: {e}"))
     }
 
-    fn decide_from_answer(&self, body_size: usize) -> Outcome {
+    /// The shim gave no usable answer: each pending rule's failure mode decides.
+    fn on_shim_failure(&mut self, reason: &str, timed_out: bool) -> Outcome {
+        log(
+            LogLevel::Warn,
+            &format!("ratelimit-wasm: shim check failed: {reason}"),
+        );
+        let filter = Rc::clone(&self.filter);
+        for &(index, _) in &self.pass.to_shim {
+            let counter = if timed_out {
+                Counter::ShimTimeouts
+            } else {
+                Counter::ShimErrors
+            };
+            filter.metrics.count(self.planned[index].rule_index, counter);
+        }
+        let verdict = local::on_shim_failure(
+            &filter.config,
+            &self.planned,
+            &SharedData,
+            now_ms(),
+            &mut self.pass,
+        );
+        let mode_counter = if let FailureVerdict::Closed(_) = verdict {
+            Counter::FailedClosed
+        } else {
+            Counter::FailedOpen
+        };
+        for &(index, _) in &self.pass.to_shim {
+            filter.metrics.count(self.planned[index].rule_index, mode_counter);
+        }
+        match verdict {
+            FailureVerdict::Closed(_) => response::on_shim_failure(FailureMode::Closed),
+            FailureVerdict::Refused(_) | FailureVerdict::Allow => {
+                // Pending rules without a fallback decision pass unseen by the headers.
+                let results = self.pass.results.clone();
+                self.decide_known(&results)
+            }
+        }
+    }
+
+    fn on_answer(&mut self, body_size: usize) -> Outcome {
+        let elapsed_ms = now_ms().saturating_sub(self.called_at_ms);
+        if let Some(id) = self.filter.metrics.shim_latency_ms {
+            let _ = hostcalls::record_metric(id, elapsed_ms);
+        }
         let answer = match self.read_shim_answer(body_size) {
             Ok(answer) => answer,
             Err(reason) => {
-                log(
-                    LogLevel::Warn,
-                    &format!("ratelimit-wasm: shim check failed: {reason}"),
-                );
-                return on_shim_failure(self.config.failure_mode);
+                let timed_out = elapsed_ms + 1 >= self.config().shim.timeout.as_millis() as u64;
+                return self.on_shim_failure(&reason, timed_out);
             }
         };
-        let applied: Vec<Applied<'_>> = self
-            .planned
-            .iter()
-            .map(|p| (&self.config.rules[p.rule_index], &p.check))
-            .collect();
-        let now_unix_ms = hostcalls::get_current_time()
-            .ok()
-            .and_then(|now| now.duration_since(UNIX_EPOCH).ok())
-            .map_or(0, |since| since.as_millis() as u64);
-        let outcome = decide(&applied, &answer, now_unix_ms, &self.config.response);
-        match outcome {
-            Ok(outcome) => {
-                for rule in shadow_refusals(&applied, &answer) {
-                    log(
-                        LogLevel::Info,
-                        &format!("ratelimit-wasm: shadow rule {rule} would refuse this request"),
-                    );
-                }
-                outcome
+        let filter = Rc::clone(&self.filter);
+        match local::after_answer(
+            &filter.config,
+            &self.planned,
+            &SharedData,
+            now_ms(),
+            &mut self.pass,
+            &answer,
+        ) {
+            Some(merged) => {
+                let results: Vec<Option<CheckResult>> = merged.results.into_iter().map(Some).collect();
+                self.decide_known(&results)
             }
-            Err(mismatch) => {
-                log(
-                    LogLevel::Warn,
-                    &format!("ratelimit-wasm: shim answer does not match the request: {mismatch:?}"),
-                );
-                on_shim_failure(self.config.failure_mode)
-            }
+            None => self.on_shim_failure("answer does not match the request", false),
         }
+    }
+
+    fn check_request(&self) -> Vec<Check> {
+        self.pass
+            .to_shim
+            .iter()
+            .map(|&(index, lease)| Check {
+                lease,
+                ..self.planned[index].check.clone()
+            })
+            .collect()
     }
 }
 
@@ -208,7 +415,7 @@ impl Context for RateLimitRequest {
         body_size: usize,
         _num_trailers: usize,
     ) {
-        let outcome = self.decide_from_answer(body_size);
+        let outcome = self.on_answer(body_size);
         if let Action::Continue = self.apply(outcome) {
             if let Err(status) = hostcalls::resume_http_request() {
                 log(
@@ -222,18 +429,37 @@ impl Context for RateLimitRequest {
 
 impl HttpContext for RateLimitRequest {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let config = Rc::clone(&self.config);
+        let filter = Rc::clone(&self.filter);
+        let config = &filter.config;
         let request = HostRequest {
             jwt_payload_in_metadata: &config.jwt_payload_in_metadata,
         };
-        self.planned = plan(&config, &request);
+        self.planned = plan(config, &request);
         if self.planned.is_empty() {
             return Action::Continue;
         }
-        let checks = self.planned.iter().map(|p| p.check.clone()).collect();
-        let body = match serde_json::to_vec(&CheckRequest { checks }) {
+        self.pass = local::before_shim(config, &self.planned, &SharedData, now_ms());
+        for &(index, event) in &self.pass.events {
+            let counter = match event {
+                Event::DeniedLocally => Counter::DeniedLocally,
+                Event::DenyCacheHit => Counter::DenyCacheHits,
+                Event::LeaseHit => Counter::LeaseHits,
+            };
+            filter.metrics.count(self.planned[index].rule_index, counter);
+        }
+        if self.pass.refused.is_some() || self.pass.to_shim.is_empty() {
+            let results = self.pass.results.clone();
+            let outcome = self.decide_known(&results);
+            return self.apply(outcome);
+        }
+        let body = match serde_json::to_vec(&CheckRequest {
+            checks: self.check_request(),
+        }) {
             Ok(body) => body,
-            Err(_) => return self.apply(on_shim_failure(config.failure_mode)),
+            Err(_) => {
+                let outcome = self.on_shim_failure("cannot encode the check", false);
+                return self.apply(outcome);
+            }
         };
         let shim = &config.shim;
         let mut headers = vec![
@@ -245,17 +471,20 @@ impl HttpContext for RateLimitRequest {
         if let Some(token) = &shim.token {
             headers.push((TOKEN_HEADER, token.as_str()));
         }
+        for &(index, _) in &self.pass.to_shim {
+            filter
+                .metrics
+                .count(self.planned[index].rule_index, Counter::ShimCalls);
+        }
+        self.called_at_ms = now_ms();
         match hostcalls::dispatch_http_call(&shim.cluster, headers, Some(&body), Vec::new(), shim.timeout) {
             Ok(_token) => Action::Pause,
             Err(status) => {
-                log(
-                    LogLevel::Warn,
-                    &format!(
-                        "ratelimit-wasm: cannot call shim cluster {}: {status:?}",
-                        shim.cluster
-                    ),
+                let outcome = self.on_shim_failure(
+                    &format!("cannot call cluster {}: {status:?}", shim.cluster),
+                    false,
                 );
-                self.apply(on_shim_failure(config.failure_mode))
+                self.apply(outcome)
             }
         }
     }

@@ -262,6 +262,10 @@ pub(crate) mod tests {
             cost: 1,
             costs: vec![],
             shadow: false,
+            scope: crate::config::Scope::Global,
+            local: None,
+            lease: None,
+            on_failure: crate::config::RuleFailureMode::Open,
         }
     }
 

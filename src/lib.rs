@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod keys;
+pub mod local;
 pub mod matching;
 pub mod plan;
 pub mod response;

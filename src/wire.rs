@@ -115,7 +115,7 @@ pub struct CheckResponse {
 }
 
 /// The state of one rule's counter after the check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckResult {
     /// Whether this rule alone would admit the request.
     pub allowed: bool,
