@@ -115,7 +115,10 @@ pub struct Redis {
 
 impl Redis {
     pub fn start() -> Redis {
-        let port = free_port();
+        Redis::start_on(free_port())
+    }
+
+    pub fn start_on(port: u16) -> Redis {
         let dir = scratch_dir("redis");
         let process = Process::spawn(
             Command::new("redis-server")
@@ -203,6 +206,22 @@ pub struct Envoy {
 }
 
 impl Envoy {
+    /// A counter or gauge from the admin `/stats`, 0 when absent.
+    pub fn stat(&self, name: &str) -> u64 {
+        let stats = get(&format!("http://127.0.0.1:{}/stats", self.admin_port), &[]).body;
+        stats
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(": ")?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Bytes allocated by Envoy's heap, from the admin `/memory`.
+    pub fn allocated_bytes(&self) -> u64 {
+        let memory = get(&format!("http://127.0.0.1:{}/memory", self.admin_port), &[]).body;
+        let json: Value = serde_json::from_str(&memory).unwrap();
+        json["allocated"].as_str().unwrap().parse().unwrap()
+    }
+
     /// Starts Envoy with the filter configured by `plugin_config`, calling the shim on
     /// `shim_port`, with a route that answers 200 itself.
     pub fn start(shim_port: u16, plugin_config: &Value) -> Envoy {
