@@ -293,3 +293,17 @@ fn traffic_during_a_redis_outage_never_hangs() {
     let slowest = statuses.iter().map(|(_, d)| *d).max().unwrap();
     assert!(slowest < Duration::from_secs(3), "a request took {slowest:?}");
 }
+
+#[test]
+fn a_shim_cluster_with_no_healthy_endpoint_applies_each_failure_mode() {
+    let dead_port = free_port();
+    let envoy = Envoy::start_with(|port, admin_port| {
+        let mut bootstrap = envoy_config(port, admin_port, dead_port, &failure_mode_config("500ms"));
+        let cluster = &mut bootstrap["static_resources"]["clusters"][0];
+        cluster["health_checks"] = json!([{ "timeout": "0.1s", "interval": "0.2s", "unhealthy_threshold": 1,
+                                            "healthy_threshold": 1, "tcp_health_check": {} }]);
+        cluster["common_lb_config"] = json!({ "healthy_panic_threshold": { "value": 0 } });
+        bootstrap
+    });
+    assert_failure_modes(&envoy, "no-healthy-endpoint", &[200, 200, 200, 429]);
+}

@@ -230,10 +230,17 @@ impl Envoy {
 
     /// As [`Envoy::start`], with other HTTP filters (e.g. `jwt_authn`) before ours.
     pub fn start_with_filters(shim_port: u16, plugin_config: &Value, filters_before: &[Value]) -> Envoy {
+        Envoy::start_with(|port, admin_port| {
+            envoy_config_with_filters(port, admin_port, shim_port, plugin_config, filters_before)
+        })
+    }
+
+    /// Starts Envoy on a bootstrap built for its listener and admin ports.
+    pub fn start_with(bootstrap: impl FnOnce(u16, u16) -> Value) -> Envoy {
         let (port, admin_port) = (free_port(), free_port());
         let dir = scratch_dir("envoy");
         let config_path = dir.join("envoy.json");
-        let config = envoy_config_with_filters(port, admin_port, shim_port, plugin_config, filters_before);
+        let config = bootstrap(port, admin_port);
         fs::write(&config_path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
         let process = Process::spawn(
             Command::new(envoy_path())
