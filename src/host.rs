@@ -209,11 +209,17 @@ fn property_text(path: Vec<&str>) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
+/// A header's value. Read as bytes: the SDK's `get_map_value` panics on a value that is
+/// not UTF-8, which any client can send. Invalid bytes become U+FFFD, so garbage values
+/// share counters rather than escape them.
+fn header_value(map: MapType, name: &str) -> Option<String> {
+    let bytes = hostcalls::get_map_value_bytes(map, name).ok().flatten()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 impl RequestAttributes for HostRequest<'_> {
     fn header(&self, name: &str) -> Option<String> {
-        hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
-            .ok()
-            .flatten()
+        header_value(MapType::HttpRequestHeaders, name)
     }
 
     fn source_address(&self) -> Option<String> {
@@ -312,9 +318,7 @@ impl RateLimitRequest {
     }
 
     fn read_shim_answer(&self, body_size: usize) -> Result<CheckResponse, String> {
-        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
-            .ok()
-            .flatten()
+        let status = header_value(MapType::HttpCallResponseHeaders, ":status")
             .ok_or("no response (call failed or timed out)")?;
         if status != "200" {
             return Err(format!("status {status}"));

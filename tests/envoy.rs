@@ -196,3 +196,51 @@ fn envoy_refuses_bad_plugin_configs_naming_the_field() {
         );
     }
 }
+
+// Regression: the SDK's get_map_value panicked on a non-UTF-8 header value, killing the
+// VM (every later request on that worker answered 503).
+#[test]
+fn hostile_headers_never_crash_the_filter() {
+    let stack = Stack::start(&json!({
+        "shim_cluster": "ratelimit_shim",
+        "timeout": "5s",
+        "xff_num_trusted_hops": 2,
+        "rules": [
+            { "name": "per-key", "key": [{ "header": "x-api-key" }], "limit": 100, "period": "1m" },
+            { "name": "per-ip", "key": ["client_ip"], "limit": 100, "period": "1m" }
+        ]
+    }));
+    let many_hops = (0..4000)
+        .map(|i| format!("10.0.{}.{}", i / 256, i % 256))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let requests: Vec<Vec<u8>> = vec![
+        // Not UTF-8: obs-text bytes are legal in HTTP/1.1 header values.
+        b"GET / HTTP/1.1\r\nhost: x\r\nx-api-key: \xff\xfe\x80abc\r\nconnection: close\r\n\r\n".to_vec(),
+        format!(
+            "GET / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\nconnection: close\r\n\r\n",
+            "k".repeat(50_000)
+        )
+        .into_bytes(),
+        format!("GET / HTTP/1.1\r\nhost: x\r\nx-forwarded-for: {many_hops}\r\nconnection: close\r\n\r\n")
+            .into_bytes(),
+        b"GET / HTTP/1.1\r\nhost: x\r\nx-forwarded-for: ,,,, ,\r\nx-api-key:\r\nconnection: close\r\n\r\n"
+            .to_vec(),
+    ];
+    for request in &requests {
+        let answer = raw_exchange(stack.envoy.port, request);
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "{}",
+            &answer[..answer.len().min(200)]
+        );
+    }
+    // The VM is alive and still limiting.
+    let reply = get(&stack.envoy.url("/"), &[("x-api-key", "after")]);
+    assert_eq!((reply.status, reply.number("x-ratelimit-limit")), (200, 100));
+    assert!(
+        !stack.envoy.process.log_text().contains("panicked"),
+        "{}",
+        stack.envoy.process.log_text()
+    );
+}
