@@ -378,7 +378,9 @@ impl RateLimitRequest {
         let answer = match self.read_shim_answer(body_size) {
             Ok(answer) => answer,
             Err(reason) => {
-                let timed_out = elapsed_ms + 1 >= self.config().shim.timeout.as_millis() as u64;
+                // Envoy's timer and the wall clock disagree by a few ms: a failure at 90% of
+                // the timeout or later is the timeout (refusals and resets come far sooner).
+                let timed_out = elapsed_ms * 10 >= self.config().shim.timeout.as_millis() as u64 * 9;
                 return self.on_shim_failure(&reason, timed_out);
             }
         };
