@@ -658,6 +658,13 @@ impl RedisCluster {
     pub fn nodes(&self) -> &[Process] {
         &self.nodes
     }
+
+    /// Stops every node.
+    pub fn stop(&mut self) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+    }
 }
 
 /// An HTTP client that keeps its connection alive between requests.
