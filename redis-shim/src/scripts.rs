@@ -1,56 +1,159 @@
-//! The Lua scripts the shim runs, and the parsing of their replies.
+//! The Lua scripts the shim runs, the arguments they take and the parsing of their
+//! replies.
 //!
-//! Each script lives in its own `.lua` file under `scripts/`, headed by its contract,
-//! KEYS, ARGV and reply. `redis::Script` sends it with EVALSHA and loads it when Redis
-//! answers NOSCRIPT (after a restart or `SCRIPT FLUSH`).
+//! One file per algorithm under `scripts/`, each headed by its contract and state per
+//! key, plus two drivers: `check.lua` (every check of a request, all or nothing) and
+//! `refund.lua` (gives back a charge when a later cluster slot refused). A script is the
+//! prelude, every algorithm and one driver concatenated, so one EVALSHA runs any mix of
+//! algorithms atomically. `redis::Script` loads it again when Redis answers NOSCRIPT
+//! (after a restart or `SCRIPT FLUSH`).
 
 use ratelimit_wasm::wire::{Check, CheckResult};
-use redis::Script;
+use redis::{Script, ScriptInvocation};
 
-/// The token bucket over every check of one request, all or nothing.
-pub fn token_bucket() -> Script {
-    Script::new(include_str!("../scripts/token_bucket.lua"))
+macro_rules! with_algorithms {
+    ($driver:literal) => {
+        concat!(
+            include_str!("../scripts/common.lua"),
+            include_str!("../scripts/token_bucket.lua"),
+            include_str!("../scripts/fixed_window.lua"),
+            include_str!("../scripts/sliding_window_log.lua"),
+            include_str!("../scripts/sliding_window_counter.lua"),
+            include_str!($driver),
+        )
+    };
 }
 
-/// Adds one check's key and arguments to an invocation, in the order the scripts expect.
-pub fn add_check(invocation: &mut redis::ScriptInvocation<'_>, key: String, check: &Check) {
+/// The source of the check script.
+pub const CHECK_SOURCE: &str = with_algorithms!("../scripts/check.lua");
+/// The source of the refund script.
+pub const REFUND_SOURCE: &str = with_algorithms!("../scripts/refund.lua");
+
+/// Both scripts, hashed once.
+pub struct Scripts {
+    pub check: Script,
+    pub refund: Script,
+}
+
+impl Scripts {
+    pub fn new() -> Scripts {
+        Scripts {
+            check: Script::new(CHECK_SOURCE),
+            refund: Script::new(REFUND_SOURCE),
+        }
+    }
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Scripts::new()
+    }
+}
+
+/// Whether check.lua may charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Charge every check when every enforcing one admits.
+    Charge,
+    /// Report the state, charge nothing.
+    Peek,
+}
+
+/// A check.lua invocation over `checks`, whose Redis keys are `keys` (same order).
+pub fn check_invocation<'a>(
+    scripts: &'a Scripts,
+    mode: Mode,
+    keys: &[&str],
+    checks: &[&Check],
+) -> ScriptInvocation<'a> {
+    let mut invocation = scripts.check.prepare_invoke();
+    invocation.arg(match mode {
+        Mode::Charge => "charge",
+        Mode::Peek => "peek",
+    });
+    for (key, check) in keys.iter().zip(checks) {
+        invocation
+            .key(*key)
+            .arg(check.algorithm.as_str())
+            .arg(check.limit)
+            .arg(check.period_ms)
+            .arg(check.cost)
+            .arg(check.lease)
+            .arg(u8::from(check.shadow));
+    }
     invocation
-        .key(key)
-        .arg(check.limit)
-        .arg(check.period_ms * 1000)
-        .arg(check.cost);
+}
+
+/// A refund.lua invocation giving back each `(key, check, row)`'s `granted` tokens.
+pub fn refund_invocation<'a>(scripts: &'a Scripts, charges: &[(&str, &Check, &Row)]) -> ScriptInvocation<'a> {
+    let mut invocation = scripts.refund.prepare_invoke();
+    for (key, check, row) in charges {
+        invocation
+            .key(*key)
+            .arg(check.algorithm.as_str())
+            .arg(check.limit)
+            .arg(check.period_ms)
+            .arg(row.granted)
+            .arg(row.stamp);
+    }
+    invocation
+}
+
+/// One check's line of a script reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Row {
+    /// This check alone would admit the request.
+    pub admits: bool,
+    pub remaining: u64,
+    pub reset_ms: u64,
+    pub retry_after_ms: u64,
+    pub granted: u64,
+    /// Where the charge went, for a refund (a window start, an instant); 0 for none.
+    pub stamp: i64,
+}
+
+impl Row {
+    /// The wire result for `check`.
+    pub fn result(&self, check: &Check) -> CheckResult {
+        CheckResult {
+            allowed: self.admits,
+            limit: check.limit,
+            remaining: self.remaining.min(check.limit),
+            reset_ms: self.reset_ms,
+            retry_after_ms: self.retry_after_ms,
+            granted: self.granted,
+        }
+    }
 }
 
 /// The script's reply could not be understood.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MalformedReply(pub String);
 
-/// Turns the script's `{allowed, remaining, reset_ms, retry_after_ms, granted}` rows into
-/// results.
-pub fn parse_reply(rows: Vec<Vec<i64>>, checks: &[Check]) -> Result<Vec<CheckResult>, MalformedReply> {
-    if rows.len() != checks.len() {
+/// Turns a script's `{admits, remaining, reset_ms, retry_after_ms, granted, stamp}`
+/// rows into [`Row`]s, one per check expected.
+pub fn parse_rows(rows: Vec<Vec<i64>>, expected: usize) -> Result<Vec<Row>, MalformedReply> {
+    if rows.len() != expected {
         return Err(MalformedReply(format!(
-            "{} rows for {} checks",
-            rows.len(),
-            checks.len()
+            "{} rows for {expected} checks",
+            rows.len()
         )));
     }
     rows.into_iter()
-        .zip(checks)
-        .map(|(row, check)| {
-            let [allowed, remaining, reset_ms, retry_after_ms, granted] = row[..] else {
-                return Err(MalformedReply(format!("row of {} values, expected 5", row.len())));
+        .map(|row| {
+            let [admits, remaining, reset_ms, retry_after_ms, granted, stamp] = row[..] else {
+                return Err(MalformedReply(format!("row of {} values, expected 6", row.len())));
             };
             let non_negative = |value: i64| {
                 u64::try_from(value).map_err(|_| MalformedReply(format!("negative value {value}")))
             };
-            Ok(CheckResult {
-                allowed: allowed == 1,
-                limit: check.limit,
-                remaining: non_negative(remaining)?.min(check.limit),
+            Ok(Row {
+                admits: admits == 1,
+                remaining: non_negative(remaining)?,
                 reset_ms: non_negative(reset_ms)?,
                 retry_after_ms: non_negative(retry_after_ms)?,
                 granted: non_negative(granted)?,
+                stamp,
             })
         })
         .collect()
@@ -75,38 +178,46 @@ mod tests {
 
     #[test]
     fn parses_rows_in_order() {
-        let results = parse_reply(
-            vec![vec![1, 4, 200, 0, 1], vec![0, 0, 900, 150, 0]],
-            &[check(5), check(2)],
-        )
-        .unwrap();
+        let rows = parse_rows(vec![vec![1, 4, 200, 0, 1, 17], vec![0, 9, 900, 150, 0, 0]], 2).unwrap();
         assert_eq!(
-            results,
+            rows,
             vec![
-                CheckResult {
-                    allowed: true,
-                    limit: 5,
+                Row {
+                    admits: true,
                     remaining: 4,
                     reset_ms: 200,
                     retry_after_ms: 0,
-                    granted: 1
+                    granted: 1,
+                    stamp: 17
                 },
-                CheckResult {
-                    allowed: false,
-                    limit: 2,
-                    remaining: 0,
+                Row {
+                    admits: false,
+                    remaining: 9,
                     reset_ms: 900,
                     retry_after_ms: 150,
-                    granted: 0
+                    granted: 0,
+                    stamp: 0
                 },
             ]
         );
+        // `remaining` never exceeds the limit on the wire, whatever a script says.
+        assert_eq!(rows[1].result(&check(2)).remaining, 2);
+        assert!(rows[0].result(&check(5)).allowed);
     }
 
     #[test]
     fn rejects_malformed_replies() {
-        assert!(parse_reply(vec![], &[check(5)]).is_err());
-        assert!(parse_reply(vec![vec![1, 2, 3]], &[check(5)]).is_err());
-        assert!(parse_reply(vec![vec![1, -2, 3, 0, 0]], &[check(5)]).is_err());
+        assert!(parse_rows(vec![], 1).is_err());
+        assert!(parse_rows(vec![vec![1, 2, 3, 0, 0]], 1).is_err());
+        assert!(parse_rows(vec![vec![1, -2, 3, 0, 0, 0]], 1).is_err());
+    }
+
+    #[test]
+    fn every_algorithm_is_in_both_scripts() {
+        for algorithm in Algorithm::ALL {
+            let registration = format!("algorithms.{} = {{}}", algorithm.as_str());
+            assert!(CHECK_SOURCE.contains(&registration), "{registration}");
+            assert!(REFUND_SOURCE.contains(&registration), "{registration}");
+        }
     }
 }

@@ -511,3 +511,283 @@ pub fn raw_exchange(port: u16, bytes: &[u8]) -> String {
     let _ = stream.read_to_string(&mut out);
     out
 }
+
+// ---- Added for the shim's production tests: process control, Redis time, clusters. ----
+
+impl Process {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal (`TERM`, `STOP`, `CONT`, ...) with the `kill` command.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name} {} failed", self.pid());
+    }
+
+    /// Waits for the process to exit on its own, up to `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Resident memory in KiB, from `/proc`.
+    pub fn rss_kib(&self) -> u64 {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no VmRSS in {status}"))
+    }
+}
+
+impl Redis {
+    /// Starts Redis with extra `redis-server` arguments (e.g. `--requirepass`).
+    pub fn start_with(extra_args: &[&str], cli_auth: Option<&str>) -> Redis {
+        let port = free_port();
+        let dir = scratch_dir("redis");
+        let process = Process::spawn(
+            Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .args(extra_args)
+                .current_dir(&dir),
+            dir.join("redis.log"),
+        );
+        let redis = Redis { port, process };
+        let mut ping = vec!["--no-auth-warning"];
+        if let Some(password) = cli_auth {
+            ping.extend(["-a", password]);
+        }
+        ping.push("PING");
+        wait_until("redis", Duration::from_secs(10), || {
+            redis.try_cli(&ping).as_deref() == Some("PONG")
+        });
+        redis
+    }
+
+    pub fn process(&self) -> &Process {
+        &self.process
+    }
+
+    /// Redis's clock in milliseconds since the Unix epoch, the clock the scripts use.
+    pub fn time_ms(&self) -> u64 {
+        let time = self.cli(&["TIME"]);
+        let mut parts = time.lines().map(|l| l.trim().parse::<u64>().unwrap());
+        let (seconds, micros) = (parts.next().unwrap(), parts.next().unwrap());
+        seconds * 1000 + micros / 1000
+    }
+}
+
+/// Polls Redis's clock until it reaches `at_ms` (no fixed sleep longer than the poll).
+pub fn wait_for_redis_time(redis: &Redis, at_ms: u64) {
+    loop {
+        let now = redis.time_ms();
+        if now >= at_ms {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis((at_ms - now).min(20)));
+    }
+}
+
+/// A Redis Cluster of three masters (no replicas) on loopback ports.
+pub struct RedisCluster {
+    pub ports: Vec<u16>,
+    nodes: Vec<Process>,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let nodes: Vec<Process> = ports
+            .iter()
+            .map(|port| {
+                let dir = scratch_dir("cluster-node");
+                Process::spawn(
+                    Command::new("redis-server")
+                        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                        .args(["--save", "", "--appendonly", "no"])
+                        .args(["--cluster-enabled", "yes"])
+                        .arg("--cluster-config-file")
+                        .arg(dir.join("nodes.conf"))
+                        .current_dir(&dir),
+                    dir.join("redis.log"),
+                )
+            })
+            .collect();
+        let cluster = RedisCluster { ports, nodes };
+        for &port in &cluster.ports {
+            wait_until("cluster node", Duration::from_secs(10), || {
+                cluster.try_cli(port, &["PING"]).as_deref() == Some("PONG")
+            });
+        }
+        let addresses: Vec<String> = cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        for &port in &cluster.ports {
+            wait_until("cluster_state:ok", Duration::from_secs(20), || {
+                cluster
+                    .try_cli(port, &["CLUSTER", "INFO"])
+                    .is_some_and(|info| info.contains("cluster_state:ok"))
+            });
+        }
+        cluster
+    }
+
+    fn try_cli(&self, port: u16, args: &[&str]) -> Option<String> {
+        let output = Command::new("redis-cli")
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .output()
+            .ok()?;
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+    }
+
+    /// Runs one command on the node that owns `key` (redis-cli follows redirections).
+    pub fn cli(&self, key_hint: &[&str]) -> String {
+        let output = Command::new("redis-cli")
+            .args(["-c", "-p", &self.ports[0].to_string()])
+            .args(key_hint)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "redis-cli -c {key_hint:?} failed");
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
+    }
+
+    /// The cluster's slot of a key, as Redis computes it.
+    pub fn slot(&self, key: &str) -> u16 {
+        self.cli(&["CLUSTER", "KEYSLOT", key]).parse().unwrap()
+    }
+
+    /// Number of keys over every master.
+    pub fn key_count(&self) -> u64 {
+        self.ports
+            .iter()
+            .map(|&port| self.try_cli(port, &["DBSIZE"]).unwrap().parse::<u64>().unwrap())
+            .sum()
+    }
+
+    /// The seed URLs, comma-separated, as `--redis-url` takes them.
+    pub fn urls(&self) -> String {
+        self.ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn nodes(&self) -> &[Process] {
+        &self.nodes
+    }
+
+    /// Stops every node.
+    pub fn stop(&mut self) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+    }
+}
+
+/// An HTTP client that keeps its connection alive between requests.
+pub fn keep_alive_agent() -> ureq::Agent {
+    agent()
+}
+
+/// POST with a given agent (reusing its connections); a transport failure is status 0.
+pub fn post_with(agent: &ureq::Agent, url: &str, body: &str) -> Reply {
+    into_reply(
+        agent
+            .post(url)
+            .set("content-type", "application/json")
+            .send_string(body),
+    )
+}
+
+/// Runs `threads` threads, each with its own keep-alive connection, each sending
+/// `per_thread` requests built by `body(thread, i)`; returns every reply.
+pub fn load<F>(url: &str, threads: usize, per_thread: usize, body: F) -> Vec<Reply>
+where
+    F: Fn(usize, usize) -> String + Send + Sync + 'static,
+{
+    let body = std::sync::Arc::new(body);
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (body, barrier, url) = (body.clone(), barrier.clone(), url.to_string());
+            std::thread::spawn(move || {
+                let agent = keep_alive_agent();
+                barrier.wait();
+                (0..per_thread)
+                    .map(|i| post_with(&agent, &url, &body(t, i)))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+}
+
+/// The algorithms' wire names.
+pub const ALGORITHMS: [&str; 4] = [
+    "token_bucket",
+    "fixed_window",
+    "sliding_window_log",
+    "sliding_window_counter",
+];
+
+/// One check of a `/v1/check` body; add fields (`cost`, `lease`, `shadow`) with
+/// [`with`].
+pub fn check_of(key: &str, algorithm: &str, limit: u64, period_ms: u64) -> Value {
+    json!({ "key": key, "algorithm": algorithm, "limit": limit, "period_ms": period_ms })
+}
+
+/// `check` with one more field.
+pub fn with(mut check: Value, field: &str, value: Value) -> Value {
+    check[field] = value;
+    check
+}
+
+/// A `/v1/check` body of these checks.
+pub fn checks_body(checks: &[Value]) -> String {
+    json!({ "checks": checks }).to_string()
+}
+
+/// Posts checks to the shim and returns its answer, failing the test on anything but
+/// a 200.
+pub fn decide_at(url: &str, checks: &[Value]) -> Value {
+    let reply = post(url, &[], &checks_body(checks));
+    assert_eq!(reply.status, 200, "{reply:?}");
+    serde_json::from_str(&reply.body).unwrap()
+}
+
+/// Replies that are 200s with `"allowed":true`.
+pub fn count_allowed(replies: &[Reply]) -> usize {
+    replies
+        .iter()
+        .filter(|r| r.status == 200 && r.body.starts_with(r#"{"allowed":true"#))
+        .count()
+}

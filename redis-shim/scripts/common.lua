@@ -1,0 +1,56 @@
+-- common.lua: the prelude of every script the shim runs (the shim concatenates it first,
+-- then one file per algorithm, then a driver: check.lua or refund.lua).
+--
+-- Each algorithm file adds one table to `algorithms`, keyed by the wire name of the
+-- algorithm, with the same six functions; `c` is one check's parameters (limit,
+-- period_ms, period in microseconds, cost, lease) and `now` the Redis time in
+-- microseconds, read once per script by the driver so every check of a request sees the
+-- same instant:
+--   load(key, c, now)                 -> st     reads the key, writes nothing
+--   available(c, st, now)             -> whole tokens the key admits now (>= 0)
+--   charge(key, c, st, amount, now)   -> stamp  takes `amount` tokens, updates st
+--   report(c, st, now)                -> remaining, reset_ms
+--   retry_after(c, st, now)           -> ms until `c.cost` tokens are available
+--   refund(key, c, amount, stamp, now)          gives back a charge (see refund.lua)
+-- `stamp` identifies where a charge went (a window, an instant) so a refund can find it.
+-- Every key written gets an expiry: an idle client costs no memory.
+
+local algorithms = {}
+
+-- Float rounding must never turn 3.9999999 tokens into 3.
+local EPSILON = 1e-6
+
+-- Numbers go to Redis as plain integers: Lua's default conversion may use an exponent.
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+-- Microseconds to whole milliseconds, rounded up, never negative.
+local function ms_ceil(us)
+  local ms = math.ceil(us / 1000)
+  if ms < 0 then return 0 end
+  return ms
+end
+
+local function redis_now_us()
+  local clock = redis.call('TIME')
+  return tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+end
+
+-- The start (ms of Redis time) of the window of length period_ms that holds `now`,
+-- windows being aligned to multiples of period_ms since the Unix epoch.
+local function window_start_ms(now, period_ms)
+  local now_ms = math.floor(now / 1000)
+  return now_ms - (now_ms % period_ms)
+end
+
+-- One check's parameters from five ARGV values starting at `base`.
+local function parse_check(base)
+  local c = {
+    algorithm = ARGV[base],
+    limit = tonumber(ARGV[base + 1]),
+    period_ms = tonumber(ARGV[base + 2]),
+  }
+  c.period = c.period_ms * 1000
+  return c
+end

@@ -1,0 +1,61 @@
+-- fixed_window.lua: a counter per aligned window.
+--
+-- Contract: at most `limit` tokens per window [k * period, (k + 1) * period) of Redis
+-- time (milliseconds since the Unix epoch). Windows are fixed, not sliding: `limit` at
+-- the end of one window and `limit` at the start of the next pass, 2 * limit within a
+-- moment.
+--
+-- State per key: a hash {w = start of the window counted (ms), n = tokens taken in it},
+-- expiring at the end of that window. A count from an older window reads as 0 even
+-- before the key expires. A refund decrements `n` if the charged window is still the
+-- stored one: exact (a charge in a window that has ended needs no refund).
+
+algorithms.fixed_window = {}
+local fixed_window = algorithms.fixed_window
+
+function fixed_window.load(key, c, now)
+  local start = window_start_ms(now, c.period_ms)
+  local stored = redis.call('HMGET', key, 'w', 'n')
+  local used = 0
+  if tonumber(stored[1]) == start then used = tonumber(stored[2]) or 0 end
+  return {start = start, used = used}
+end
+
+function fixed_window.available(c, st, now)
+  local tokens = c.limit - st.used
+  if tokens < 0 then return 0 end
+  return tokens
+end
+
+function fixed_window.charge(key, c, st, amount, now)
+  st.used = st.used + amount
+  redis.call('HSET', key, 'w', int(st.start), 'n', int(st.used))
+  redis.call('PEXPIREAT', key, int(st.start + c.period_ms))
+  return st.start
+end
+
+local function until_window_end(c, st, now)
+  return ms_ceil((st.start + c.period_ms) * 1000 - now)
+end
+
+function fixed_window.report(c, st, now)
+  local reset_ms = 0
+  if st.used > 0 then reset_ms = until_window_end(c, st, now) end
+  return fixed_window.available(c, st, now), reset_ms
+end
+
+function fixed_window.retry_after(c, st, now)
+  -- cost <= limit, so the next window always admits.
+  return until_window_end(c, st, now)
+end
+
+function fixed_window.refund(key, c, amount, stamp, now)
+  local stored = redis.call('HMGET', key, 'w', 'n')
+  if tonumber(stored[1]) ~= stamp then return end
+  local used = (tonumber(stored[2]) or 0) - amount
+  if used <= 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('HSET', key, 'n', int(used))
+  end
+end

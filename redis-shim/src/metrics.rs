@@ -1,0 +1,275 @@
+//! The shim's Prometheus metrics: plain atomics, rendered in the text exposition format
+//! on `GET /metrics`. Fixed label sets, so nothing grows with traffic.
+
+use ratelimit_wasm::wire::Algorithm;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// What happened to one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckOutcome {
+    Allowed,
+    Denied,
+    /// A shadow check that would have denied.
+    ShadowDenied,
+}
+
+impl CheckOutcome {
+    const ALL: [CheckOutcome; 3] = [
+        CheckOutcome::Allowed,
+        CheckOutcome::Denied,
+        CheckOutcome::ShadowDenied,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            CheckOutcome::Allowed => "allowed",
+            CheckOutcome::Denied => "denied",
+            CheckOutcome::ShadowDenied => "shadow_denied",
+        }
+    }
+}
+
+/// How a `POST /v1/check` was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestOutcome {
+    Allowed,
+    Denied,
+    /// 400 or 413.
+    Invalid,
+    /// 401.
+    Unauthorized,
+    /// 503: past the in-flight bound, or draining.
+    Overloaded,
+    /// 503: Redis failed or timed out.
+    RedisError,
+}
+
+impl RequestOutcome {
+    const ALL: [RequestOutcome; 6] = [
+        RequestOutcome::Allowed,
+        RequestOutcome::Denied,
+        RequestOutcome::Invalid,
+        RequestOutcome::Unauthorized,
+        RequestOutcome::Overloaded,
+        RequestOutcome::RedisError,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            RequestOutcome::Allowed => "allowed",
+            RequestOutcome::Denied => "denied",
+            RequestOutcome::Invalid => "invalid",
+            RequestOutcome::Unauthorized => "unauthorized",
+            RequestOutcome::Overloaded => "overloaded",
+            RequestOutcome::RedisError => "redis_error",
+        }
+    }
+}
+
+const REDIS_ERROR_KINDS: [&str; 3] = ["timeout", "error", "malformed_reply"];
+
+/// Upper bounds of the latency histogram's buckets, in seconds.
+const LATENCY_BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5,
+];
+
+#[derive(Default)]
+pub struct Metrics {
+    checks: [[AtomicU64; 3]; 4],
+    requests: [AtomicU64; 6],
+    redis_errors: [AtomicU64; 3],
+    refunds: AtomicU64,
+    refund_failures: AtomicU64,
+    in_flight: AtomicI64,
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    latency_count: AtomicU64,
+    latency_sum_micros: AtomicU64,
+}
+
+fn algorithm_index(algorithm: Algorithm) -> usize {
+    Algorithm::ALL.iter().position(|a| *a == algorithm).unwrap_or(0)
+}
+
+impl Metrics {
+    pub fn check(&self, algorithm: Algorithm, outcome: CheckOutcome) {
+        let outcome = CheckOutcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
+        self.checks[algorithm_index(algorithm)][outcome].fetch_add(1, Relaxed);
+    }
+
+    pub fn request(&self, outcome: RequestOutcome, latency: Duration) {
+        let index = RequestOutcome::ALL
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(0);
+        self.requests[index].fetch_add(1, Relaxed);
+        let seconds = latency.as_secs_f64();
+        // Cumulative buckets are summed when rendered; each observation lands in one.
+        if let Some(bucket) = LATENCY_BUCKETS.iter().position(|bound| seconds <= *bound) {
+            self.latency_buckets[bucket].fetch_add(1, Relaxed);
+        }
+        self.latency_count.fetch_add(1, Relaxed);
+        self.latency_sum_micros
+            .fetch_add(u64::try_from(latency.as_micros()).unwrap_or(u64::MAX), Relaxed);
+    }
+
+    pub fn redis_error(&self, kind: &str) {
+        let index = REDIS_ERROR_KINDS.iter().position(|k| *k == kind).unwrap_or(1);
+        self.redis_errors[index].fetch_add(1, Relaxed);
+    }
+
+    pub fn refund(&self, complete: bool) {
+        self.refunds.fetch_add(1, Relaxed);
+        if !complete {
+            self.refund_failures.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Counts a check in flight until the guard is dropped.
+    pub fn in_flight(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, Relaxed);
+        InFlight(self)
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        let header = |out: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        };
+        header(
+            &mut out,
+            "rlshim_checks_total",
+            "counter",
+            "Checks decided (one per rule of a request), by algorithm and outcome.",
+        );
+        for algorithm in Algorithm::ALL {
+            for (o, outcome) in CheckOutcome::ALL.iter().enumerate() {
+                let value = self.checks[algorithm_index(algorithm)][o].load(Relaxed);
+                let _ = writeln!(
+                    out,
+                    "rlshim_checks_total{{algorithm=\"{}\",outcome=\"{}\"}} {value}",
+                    algorithm.as_str(),
+                    outcome.as_str()
+                );
+            }
+        }
+        header(
+            &mut out,
+            "rlshim_requests_total",
+            "counter",
+            "Check requests answered, by outcome.",
+        );
+        for (i, outcome) in RequestOutcome::ALL.iter().enumerate() {
+            let value = self.requests[i].load(Relaxed);
+            let _ = writeln!(
+                out,
+                "rlshim_requests_total{{outcome=\"{}\"}} {value}",
+                outcome.as_str()
+            );
+        }
+        header(
+            &mut out,
+            "rlshim_check_duration_seconds",
+            "histogram",
+            "Time to answer a check request, from its arrival.",
+        );
+        let mut cumulative = 0;
+        for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
+            cumulative += self.latency_buckets[i].load(Relaxed);
+            let _ = writeln!(
+                out,
+                "rlshim_check_duration_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        let count = self.latency_count.load(Relaxed);
+        let _ = writeln!(out, "rlshim_check_duration_seconds_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.latency_sum_micros.load(Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "rlshim_check_duration_seconds_sum {sum}");
+        let _ = writeln!(out, "rlshim_check_duration_seconds_count {count}");
+        header(
+            &mut out,
+            "rlshim_redis_errors_total",
+            "counter",
+            "Failed Redis operations, by kind.",
+        );
+        for (i, kind) in REDIS_ERROR_KINDS.iter().enumerate() {
+            let value = self.redis_errors[i].load(Relaxed);
+            let _ = writeln!(out, "rlshim_redis_errors_total{{kind=\"{kind}\"}} {value}");
+        }
+        header(
+            &mut out,
+            "rlshim_slot_refunds_total",
+            "counter",
+            "Requests spanning cluster slots refused by a later slot, their earlier charges refunded.",
+        );
+        let _ = writeln!(out, "rlshim_slot_refunds_total {}", self.refunds.load(Relaxed));
+        header(
+            &mut out,
+            "rlshim_refund_failures_total",
+            "counter",
+            "Refunds that Redis did not complete (tokens stay charged until they refill).",
+        );
+        let _ = writeln!(
+            out,
+            "rlshim_refund_failures_total {}",
+            self.refund_failures.load(Relaxed)
+        );
+        header(
+            &mut out,
+            "rlshim_in_flight",
+            "gauge",
+            "Check requests being decided now.",
+        );
+        let _ = writeln!(out, "rlshim_in_flight {}", self.in_flight.load(Relaxed));
+        out
+    }
+}
+
+/// Decrements the in-flight gauge when dropped.
+pub struct InFlight<'a>(&'a Metrics);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_gauge_follows_guards() {
+        let metrics = Metrics::default();
+        metrics.request(RequestOutcome::Allowed, Duration::from_micros(300));
+        metrics.request(RequestOutcome::Denied, Duration::from_millis(3));
+        metrics.request(RequestOutcome::Denied, Duration::from_secs(9));
+        let guard = metrics.in_flight();
+        let text = metrics.render();
+        assert!(
+            text.contains("rlshim_check_duration_seconds_bucket{le=\"0.0005\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rlshim_check_duration_seconds_bucket{le=\"0.005\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rlshim_check_duration_seconds_bucket{le=\"2.5\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rlshim_check_duration_seconds_bucket{le=\"+Inf\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rlshim_requests_total{outcome=\"denied\"} 2\n"),
+            "{text}"
+        );
+        assert!(text.contains("rlshim_in_flight 1\n"), "{text}");
+        drop(guard);
+        assert!(metrics.render().contains("rlshim_in_flight 0\n"));
+    }
+}
