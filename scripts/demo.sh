@@ -30,6 +30,9 @@ row "GET /" -H "x-api-key: vip:$run_id" "$url/"
 heading "An export costs 5 tokens"
 for i in 1 2 3; do row "GET /export #$i" -H "x-api-key: export-$run_id" "$url/export"; done
 
+heading "GET /search: 3 per minute per client address (a sliding window log)"
+for i in 1 2 3 4; do row "GET /search #$i" "$url/search?q=$i"; done
+
 echo
 echo "The body of a refused request:"
 curl -s -H "x-api-key: $key" "$url/"
