@@ -465,3 +465,68 @@ pub fn raw_exchange(port: u16, bytes: &[u8]) -> String {
     let _ = stream.read_to_string(&mut out);
     out
 }
+
+// ---- Helpers for tests/deploy.rs: shipped configs, started as they are. ----
+
+/// A fresh scratch directory (under `target/test-runs`) for files a test writes.
+pub fn scratch(name: &str) -> PathBuf {
+    scratch_dir(name)
+}
+
+/// Every document of a YAML file, as JSON values; panics naming the file on a parse error.
+pub fn yaml_documents(path: &Path) -> Vec<Value> {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|document| {
+            let value = serde_yaml::Value::deserialize(document)
+                .unwrap_or_else(|e| panic!("{} does not parse: {e}", path.display()));
+            serde_json::to_value(value)
+                .unwrap_or_else(|e| panic!("{} is not plain data: {e}", path.display()))
+        })
+        .collect()
+}
+
+/// The one document of a YAML file, as a JSON value.
+pub fn yaml_file(path: &Path) -> Value {
+    let mut documents = yaml_documents(path);
+    assert_eq!(documents.len(), 1, "{} should hold one document", path.display());
+    documents.remove(0)
+}
+
+impl Envoy {
+    /// Starts Envoy with a whole bootstrap (as JSON) whose listener is on `port` and
+    /// admin on `admin_port`, both on 127.0.0.1; waits until the admin says LIVE.
+    pub fn start_bootstrap(config: &Value, port: u16, admin_port: u16) -> Envoy {
+        let dir = scratch_dir("envoy");
+        let config_path = dir.join("envoy.json");
+        fs::write(&config_path, serde_json::to_vec_pretty(config).unwrap()).unwrap();
+        let process = Process::spawn(
+            Command::new(envoy_path())
+                .arg("-c")
+                .arg(&config_path)
+                .args([
+                    "--concurrency",
+                    "1",
+                    "--use-dynamic-base-id",
+                    "--log-level",
+                    "warn",
+                ])
+                .args(["--component-log-level", "wasm:info"]),
+            dir.join("envoy.log"),
+        );
+        let envoy = Envoy {
+            port,
+            admin_port,
+            process,
+        };
+        wait_until("envoy", Duration::from_secs(30), || {
+            get(&format!("http://127.0.0.1:{admin_port}/ready"), &[])
+                .body
+                .trim()
+                == "LIVE"
+        });
+        envoy
+    }
+}
+
+use serde::Deserialize as _;
