@@ -27,14 +27,14 @@ fn compose() -> Value {
     yaml_file(&repo_root().join("docker-compose.yml"))
 }
 
-/// All `.yml`/`.yaml` files of the repository, skipping build output and hidden folders.
+/// All `.yml`/`.yaml` files of the repository, skipping git's, build output and `.venv`.
 fn yaml_files() -> Vec<PathBuf> {
     fn walk(dir: &Path, found: &mut Vec<PathBuf>) {
         for entry in fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_string_lossy().to_string();
             if path.is_dir() {
-                if !name.starts_with('.') && name != "target" && name != "node_modules" {
+                if ![".git", ".venv", ".run", "target", "node_modules"].contains(&name.as_str()) {
                     walk(&path, found);
                 }
             } else if name.ends_with(".yml") || name.ends_with(".yaml") {
@@ -180,7 +180,10 @@ fn compose_references_only_files_that_exist() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 3, "the shim's build and Envoy's two mounts");
+    assert!(
+        checked >= 3,
+        "the shim's build and Envoy's two mounts, found {checked}"
+    );
 }
 
 #[test]
