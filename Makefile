@@ -46,3 +46,13 @@ demo: build
 
 clean: down
 	rm -rf target .run
+
+# The demo stack in containers (docker-compose.yml): needs Docker with compose v2. The
+# .wasm is built on the host and mounted into the official Envoy image.
+.PHONY: compose-up compose-down
+
+compose-up: wasm
+	docker compose up --build --detach --wait
+
+compose-down:
+	docker compose down

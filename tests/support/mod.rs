@@ -5,6 +5,7 @@
 //! for. Binaries come from `make build`; Envoy from `.venv` (or `ENVOY_BIN`).
 #![allow(dead_code)] // each test binary uses its own subset
 
+use serde::Deserialize as _;
 use serde_json::{json, Value};
 use std::fs;
 use std::io::{Read, Write};
@@ -238,10 +239,15 @@ impl Envoy {
     /// Starts Envoy on a bootstrap built for its listener and admin ports.
     pub fn start_with(bootstrap: impl FnOnce(u16, u16) -> Value) -> Envoy {
         let (port, admin_port) = (free_port(), free_port());
+        Envoy::start_bootstrap(&bootstrap(port, admin_port), port, admin_port)
+    }
+
+    /// Starts Envoy with a whole bootstrap (as JSON) whose listener is on `port` and
+    /// admin on `admin_port`, both on 127.0.0.1; waits until the admin says LIVE.
+    pub fn start_bootstrap(config: &Value, port: u16, admin_port: u16) -> Envoy {
         let dir = scratch_dir("envoy");
         let config_path = dir.join("envoy.json");
-        let config = bootstrap(port, admin_port);
-        fs::write(&config_path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+        fs::write(&config_path, serde_json::to_vec_pretty(config).unwrap()).unwrap();
         let process = Process::spawn(
             Command::new(envoy_path())
                 .arg("-c")
@@ -790,4 +796,30 @@ pub fn count_allowed(replies: &[Reply]) -> usize {
         .iter()
         .filter(|r| r.status == 200 && r.body.starts_with(r#"{"allowed":true"#))
         .count()
+}
+// ---- Helpers for tests/deploy.rs: shipped configs, started as they are. ----
+
+/// A fresh scratch directory (under `target/test-runs`) for files a test writes.
+pub fn scratch(name: &str) -> PathBuf {
+    scratch_dir(name)
+}
+
+/// Every document of a YAML file, as JSON values; panics naming the file on a parse error.
+pub fn yaml_documents(path: &Path) -> Vec<Value> {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|document| {
+            let value = serde_yaml::Value::deserialize(document)
+                .unwrap_or_else(|e| panic!("{} does not parse: {e}", path.display()));
+            serde_json::to_value(value)
+                .unwrap_or_else(|e| panic!("{} is not plain data: {e}", path.display()))
+        })
+        .collect()
+}
+
+/// The one document of a YAML file, as a JSON value.
+pub fn yaml_file(path: &Path) -> Value {
+    let mut documents = yaml_documents(path);
+    assert_eq!(documents.len(), 1, "{} should hold one document", path.display());
+    documents.remove(0)
 }
