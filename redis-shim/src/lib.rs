@@ -329,6 +329,7 @@ mod tests {
                 urls: vec!["redis://127.0.0.1:6379".into()],
                 cluster: false,
                 timeout: Duration::from_millis(50),
+                max_pending: 10,
             },
             key_prefix: "rl:".into(),
             token: None,

@@ -86,6 +86,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             urls: args.redis_url,
             cluster: args.redis_mode == RedisMode::Cluster,
             timeout: Duration::from_millis(args.redis_timeout_ms),
+            // Each check in flight awaits at most one Redis command at a time.
+            max_pending: args.max_in_flight,
         },
         key_prefix: args.key_prefix,
         token: args.token,

@@ -14,7 +14,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 use redis::{RedisError, ScriptInvocation};
 use std::fmt;
-use std::time::Duration;
+use std::sync::RwLock;
+use std::time::{Duration, Instant};
 
 /// How the shim reaches Redis.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +26,10 @@ pub struct RedisConfig {
     pub cluster: bool,
     /// Longest a single Redis operation may take.
     pub timeout: Duration,
+    /// Most commands awaiting an answer on one connection. Past it, commands wait (and
+    /// time out) in the shim instead of piling up behind a Redis that does not answer:
+    /// this is what keeps memory flat when Redis is blackholed.
+    pub max_pending: usize,
 }
 
 #[derive(Clone)]
@@ -33,11 +38,21 @@ enum Connection {
     Cluster(ClusterConnection),
 }
 
-/// A handle on the counters' Redis.
-#[derive(Clone)]
-pub struct Store {
+/// The connection in use and when it was opened.
+struct Current {
     connection: Connection,
-    timeout: Duration,
+    generation: u64,
+    opened: Instant,
+    /// Whether the connection has answered once: only the first replacement of an
+    /// outage is worth a warning.
+    answered: bool,
+}
+
+/// A handle on the counters' Redis.
+pub struct Store {
+    config: RedisConfig,
+    // Held only to clone the connection or swap it, never across a Redis call.
+    current: RwLock<Current>,
 }
 
 /// Why a Redis operation failed.
@@ -77,38 +92,60 @@ impl Store {
     /// A lazily connecting store; fails only on a configuration the client refuses (a
     /// malformed URL, say).
     pub fn connect(config: &RedisConfig) -> Result<Store, RedisError> {
-        let connection = if config.cluster {
-            let client = ClusterClient::builder(config.urls.iter().map(String::as_str))
-                .connection_timeout(config.timeout)
-                .response_timeout(config.timeout)
-                .retries(1)
-                .build()?;
-            let cluster_config = ClusterConfig::new()
-                .set_connection_timeout(config.timeout)
-                .set_response_timeout(config.timeout);
-            Connection::Cluster(client.get_pending_async_connection_with_config(cluster_config))
-        } else {
-            let [url] = &config.urls[..] else {
-                return Err(RedisError::from((
-                    redis::ErrorKind::InvalidClientConfig,
-                    "a standalone Redis takes exactly one URL",
-                )));
-            };
-            let client = redis::Client::open(url.as_str())?;
-            let manager_config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(config.timeout))
-                .set_response_timeout(Some(config.timeout))
-                .set_number_of_retries(1);
-            Connection::Standalone(ConnectionManager::new_lazy_with_config(client, manager_config)?)
-        };
         Ok(Store {
-            connection,
-            timeout: config.timeout,
+            config: config.clone(),
+            current: RwLock::new(Current {
+                connection: open(config)?,
+                generation: 0,
+                opened: Instant::now(),
+                answered: false,
+            }),
         })
     }
 
+    fn connection(&self) -> (Connection, u64) {
+        let current = self
+            .current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        (current.connection.clone(), current.generation)
+    }
+
+    /// After a timeout, the connection it happened on is replaced by a new one (at most
+    /// once per timeout period). A multiplexed connection to a Redis that stopped
+    /// answering would otherwise keep every command sent to it queued, waiting for
+    /// answers that never come: memory would grow with each check, and a peer that
+    /// vanished would never be noticed. Calls still running on the old connection keep
+    /// it until they end; then it is dropped with its queue.
+    fn replace_after_timeout(&self, generation: u64) {
+        let mut current = self
+            .current
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if current.generation != generation || current.opened.elapsed() < self.config.timeout {
+            return;
+        }
+        match open(&self.config) {
+            Ok(connection) => {
+                let generation = current.generation + 1;
+                if current.answered {
+                    tracing::warn!(generation, "redis timed out: opening a new connection");
+                } else {
+                    tracing::debug!(generation, "redis timed out again: opening a new connection");
+                }
+                *current = Current {
+                    connection,
+                    generation,
+                    opened: Instant::now(),
+                    answered: false,
+                };
+            }
+            Err(e) => tracing::error!(error = %e, "cannot open a new redis connection"),
+        }
+    }
+
     pub fn is_cluster(&self) -> bool {
-        matches!(self.connection, Connection::Cluster(_))
+        self.config.cluster
     }
 
     /// Groups check indices by the cluster slot of their keys, in order of first
@@ -127,15 +164,14 @@ impl Store {
         invocation: &ScriptInvocation<'_>,
         expected: usize,
     ) -> Result<Vec<Row>, StoreError> {
-        let reply = match &self.connection {
-            Connection::Standalone(manager) => {
-                let mut manager = manager.clone();
-                self.bounded(invocation.invoke_async::<Vec<Vec<i64>>>(&mut manager))
+        let (connection, generation) = self.connection();
+        let reply = match connection {
+            Connection::Standalone(mut manager) => {
+                self.bounded(generation, invocation.invoke_async::<Vec<Vec<i64>>>(&mut manager))
                     .await?
             }
-            Connection::Cluster(cluster) => {
-                let mut cluster = cluster.clone();
-                self.bounded(invocation.invoke_async::<Vec<Vec<i64>>>(&mut cluster))
+            Connection::Cluster(mut cluster) => {
+                self.bounded(generation, invocation.invoke_async::<Vec<Vec<i64>>>(&mut cluster))
                     .await?
             }
         };
@@ -145,31 +181,89 @@ impl Store {
     /// PING (every master of a cluster).
     pub async fn ping(&self) -> Result<(), StoreError> {
         let ping = redis::cmd("PING");
-        match &self.connection {
-            Connection::Standalone(manager) => {
-                let mut manager = manager.clone();
-                self.bounded(ping.query_async::<String>(&mut manager)).await?;
+        let (connection, generation) = self.connection();
+        match connection {
+            Connection::Standalone(mut manager) => {
+                self.bounded(generation, ping.query_async::<String>(&mut manager))
+                    .await?;
             }
-            Connection::Cluster(cluster) => {
-                let mut cluster = cluster.clone();
-                self.bounded(ping.query_async::<redis::Value>(&mut cluster))
+            Connection::Cluster(mut cluster) => {
+                self.bounded(generation, ping.query_async::<redis::Value>(&mut cluster))
                     .await?;
             }
         }
         Ok(())
     }
 
-    async fn bounded<T>(
-        &self,
-        operation: impl std::future::Future<Output = redis::RedisResult<T>>,
-    ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, operation).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) if e.is_timeout() => Err(StoreError::Timeout),
-            Ok(Err(e)) => Err(StoreError::Redis(e)),
-            Err(_) => Err(StoreError::Timeout),
+    fn mark_answered(&self, generation: u64) {
+        let answered = {
+            let current = self
+                .current
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            current.answered || current.generation != generation
+        };
+        if !answered {
+            let mut current = self
+                .current
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if current.generation == generation {
+                current.answered = true;
+            }
         }
     }
+
+    async fn bounded<T>(
+        &self,
+        generation: u64,
+        operation: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        let error = match tokio::time::timeout(self.config.timeout, operation).await {
+            Ok(Ok(value)) => {
+                self.mark_answered(generation);
+                return Ok(value);
+            }
+            Ok(Err(e)) if !e.is_timeout() => return Err(StoreError::Redis(e)),
+            Ok(Err(_)) | Err(_) => StoreError::Timeout,
+        };
+        self.replace_after_timeout(generation);
+        Err(error)
+    }
+}
+
+/// A new, lazily connecting connection.
+fn open(config: &RedisConfig) -> Result<Connection, RedisError> {
+    if config.cluster {
+        let client = ClusterClient::builder(config.urls.iter().map(String::as_str))
+            .connection_timeout(config.timeout)
+            .response_timeout(config.timeout)
+            .retries(1)
+            .connection_concurrency_limit(config.max_pending)
+            .build()?;
+        let cluster_config = ClusterConfig::new()
+            .set_connection_timeout(config.timeout)
+            .set_response_timeout(config.timeout);
+        return Ok(Connection::Cluster(
+            client.get_pending_async_connection_with_config(cluster_config),
+        ));
+    }
+    let [url] = &config.urls[..] else {
+        return Err(RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "a standalone Redis takes exactly one URL",
+        )));
+    };
+    let client = redis::Client::open(url.as_str())?;
+    let manager_config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.timeout))
+        .set_response_timeout(Some(config.timeout))
+        .set_number_of_retries(1)
+        .set_concurrency_limit(config.max_pending);
+    Ok(Connection::Standalone(ConnectionManager::new_lazy_with_config(
+        client,
+        manager_config,
+    )?))
 }
 
 /// Check indices grouped by the Redis Cluster slot of their keys (hash tags honoured),
