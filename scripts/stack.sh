@@ -31,7 +31,7 @@ up() {
     target/release/redis-shim --listen 127.0.0.1:$SHIM_PORT --redis-url redis://127.0.0.1:$REDIS_PORT \
         </dev/null >"$RUN/shim.log" 2>&1 &
     echo $! >"$RUN/shim.pid"
-    wait_for "the shim" curl -sf http://127.0.0.1:$SHIM_PORT/healthz
+    wait_for "the shim" curl -sf http://127.0.0.1:$SHIM_PORT/readyz
 
     # Envoy stops when its parent process exits (it asks the kernel for SIGTERM on its
     # parent's death), so it runs under a shell that stays; stopping that shell stops it.
@@ -41,7 +41,7 @@ up() {
     wait_for "Envoy" sh -c "curl -sf http://127.0.0.1:$ADMIN_PORT/ready | grep -q LIVE"
 
     echo "Redis  redis://127.0.0.1:$REDIS_PORT"
-    echo "shim   http://127.0.0.1:$SHIM_PORT  (POST /v1/check, GET /healthz)"
+    echo "shim   http://127.0.0.1:$SHIM_PORT  (POST /v1/check, GET /readyz, GET /metrics)"
     echo "Envoy  http://127.0.0.1:$ENVOY_PORT  (admin http://127.0.0.1:$ADMIN_PORT)"
     echo "logs   $RUN/"
 }

@@ -506,7 +506,8 @@ fn istio_shim_cluster_is_the_one_istio_builds_for_the_service() {
         .as_str()
         .unwrap();
     assert_eq!(listen, format!("0.0.0.0:{}", container_port["containerPort"]));
-    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(
         deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"],
         true

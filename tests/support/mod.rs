@@ -1,7 +1,7 @@
 //! Test harness: starts real Redis, the real shim binary and real Envoy loading the built
 //! `.wasm`, each on free loopback ports, and stops them when dropped.
 //!
-//! Readiness is polled (Redis PING, shim `/healthz`, Envoy admin `/ready`), never slept
+//! Readiness is polled (Redis PING, the shim's port, Envoy admin `/ready`), never slept
 //! for. Binaries come from `make build`; Envoy from `.venv` (or `ENVOY_BIN`).
 #![allow(dead_code)] // each test binary uses its own subset
 
