@@ -48,6 +48,17 @@ fn token_bucket_admits_its_capacity_then_refuses_until_a_token_refills() {
     assert!((55_000..=60_000).contains(&reset), "{reset}");
 }
 
+// Regression: at a rate finer than Redis's time precision the charge did not move the
+// TAT and the script sent `PX 0`, an error on every check (so the filter failed open).
+#[test]
+fn a_bucket_of_extreme_rate_still_answers() {
+    let (_redis, shim) = started();
+    let flood = check_of("flood", "token_bucket", 1_000_000_000, 1_000);
+    for _ in 0..3 {
+        assert_eq!(decide_one(&shim, &flood)["allowed"], true);
+    }
+}
+
 #[test]
 fn bucket_refills_at_its_rate() {
     let (_redis, shim) = started();

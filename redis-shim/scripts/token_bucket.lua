@@ -28,7 +28,9 @@ end
 
 function token_bucket.charge(key, c, st, amount, now)
   st.tat = math.ceil(st.tat + amount * st.interval)
-  redis.call('SET', key, int(st.tat), 'PX', int(ms_ceil(st.tat - now)))
+  -- At extreme rates (over ~4 tokens per microsecond) a charge is below the precision
+  -- of the time itself and the TAT does not move; Redis refuses PX 0.
+  redis.call('SET', key, int(st.tat), 'PX', int(math.max(1, ms_ceil(st.tat - now))))
   return 0
 end
 
