@@ -74,12 +74,12 @@ def wasm_filter(name, filename, plugin_config):
     }
 
 
-def ratelimit(rule_extra, limit=ADMIT_ALL, period="1s"):
+def ratelimit(rule_extra, limit=ADMIT_ALL, period="1s", **top):
     rule = {"name": "bench", "key": [{"header": "x-api-key"}], "limit": limit, "period": period}
     rule.update(rule_extra)
     # A generous timeout: a slow answer under closed-loop load must show as latency, not
     # as a fail-open admission that skips the shim.
-    plugin = {"shim_cluster": "ratelimit_shim", "timeout": "1s", "rules": [rule]}
+    plugin = {"shim_cluster": "ratelimit_shim", "timeout": "1s", "rules": [rule], **top}
     return [wasm_filter("ratelimit", RATELIMIT_WASM, plugin)]
 
 
@@ -106,9 +106,18 @@ CONFIGS = [
     ("rl_leased", "ratelimit-wasm, leased (100, 1s)", ratelimit({"lease": {"size": 100, "ttl": "1s"}})),
     ("rl_abusive", "ratelimit-wasm, abusive client (10/s)", ratelimit({}, limit=10, period="1s")),
 ]
+# Variants for the profile-and-improve step (`--only NAME,...`): same rules, one thing
+# changed in the deployment, not in the code.
+EXPERIMENTS = [
+    ("rl_global_h2", "exact global, HTTP/2 to the shim", ratelimit({})),
+    ("rl_global_noheaders", "exact global, no rate-limit headers", ratelimit({}, response={"headers": "none"})),
+    ("rl_local_noheaders", "ratelimit-wasm local, no rate-limit headers",
+     ratelimit({"scope": "local"}, response={"headers": "none"})),
+]
+H2_TO_SHIM = {"rl_global_h2"}
 
 
-def envoy_config(port, admin_port, shim_port, filters):
+def envoy_config(port, admin_port, shim_port, filters, h2_to_shim=False):
     address = lambda p: {"socket_address": {"address": "127.0.0.1", "port_value": p}}
     return {
         "static_resources": {
@@ -133,13 +142,15 @@ def envoy_config(port, admin_port, shim_port, filters):
                     },
                 }]}],
             }],
-            "clusters": [{
+            "clusters": [dict({
                 "name": "ratelimit_shim",
                 "type": "STATIC",
                 "connect_timeout": "0.25s",
                 "load_assignment": {"cluster_name": "ratelimit_shim",
                                     "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address(shim_port)}}]}]},
-            }],
+            }, **({"typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}}}}} if h2_to_shim else {}))],
         },
         "admin": {"address": address(admin_port)},
     }
@@ -243,9 +254,11 @@ class Redis:
 
 
 class Shim:
-    def __init__(self, procs, redis_port):
+    def __init__(self, procs, redis_port, workers=None):
         self.port = free_port()
         env = dict(os.environ, RUST_LOG="warn")
+        if workers:
+            env["TOKIO_WORKER_THREADS"] = str(workers)  # read by tokio's multi-thread runtime
         self.process = procs.start([SHIM_BIN, "--listen", f"127.0.0.1:{self.port}",
                                     "--redis-url", f"redis://127.0.0.1:{redis_port}"],
                                    OUT / "shim.log", core=LOAD_CORE, env=env)
@@ -259,7 +272,8 @@ class Envoy:
         self.procs = procs
         self.port, self.admin = free_port(), free_port()
         config = OUT / f"envoy-{name}.json"
-        config.write_text(json.dumps(envoy_config(self.port, self.admin, shim_port, filters), indent=1))
+        config.write_text(json.dumps(envoy_config(self.port, self.admin, shim_port, filters,
+                                                  h2_to_shim=name in H2_TO_SHIM), indent=1))
         self.log = OUT / f"envoy-{name}.log"
         # Python stays Envoy's parent for its whole life (Envoy stops when its parent does).
         self.process = procs.start([ENVOY_BIN, "-c", str(config.relative_to(ROOT)), "--concurrency", "1",
@@ -472,7 +486,7 @@ def memory_per_key(shim, redis, keys=200):
         for i in range(n):
             digest = hashlib.sha256(f"{algorithm}-{i}".encode()).hexdigest()[:32]
             body = json.dumps({"checks": [{"key": f"per-api-key:{{{digest}}}", "algorithm": algorithm,
-                                           "limit": limit, "period_ms": 60_000}]})
+                                           "limit": limit, "period_ms": 86_400_000}]})
             for _ in range(checks_per_key):
                 connection.request("POST", "/v1/check", body, {"content-type": "application/json"})
                 response = connection.getresponse()
@@ -525,7 +539,9 @@ def table(results):
     f1 = lambda v: f"{v:.1f}"
     f2 = lambda v: f"{v:.2f}"
     f3 = lambda v: f"{v:.3f}"
-    for name, description, _ in CONFIGS:
+    for name, description, _ in CONFIGS + EXPERIMENTS:
+        if not any(name in run for run in runs):
+            continue
         rows = [run.get(name, {}) for run in runs]
         ok = [(r, run["baseline"]) for r, run in zip(rows, runs)
               if r and "skipped" not in r and "invalid" not in r and "closed" in run.get("baseline", {})]
@@ -575,6 +591,45 @@ def table(results):
     return "\n".join(lines) + "\n"
 
 
+# --------------------------------------------------------------------------- profile
+
+def profile(args, config):
+    """perf record (call graphs) of Envoy, the shim and Redis under closed-loop load."""
+    name, _, filters = config
+    OUT.mkdir(parents=True, exist_ok=True)
+    procs = Processes()
+    try:
+        redis = Redis(procs)
+        shim = Shim(procs, redis.port)
+        envoy = Envoy(procs, name, filters, shim.port)
+        if not envoy.ready:
+            sys.exit(f"bench: {name}: {envoy.why_not_ready()}")
+        url = f"http://127.0.0.1:{envoy.port}/"
+        wrk(url, 1, headers=[f"x-api-key: {API_KEY}"])
+        recorders = {}
+        for who, pid in (("envoy", envoy.process.pid), ("shim", shim.process.pid), ("redis", redis.process.pid)):
+            data = OUT / f"perf-{name}-{who}.data"
+            recorders[who] = (data, subprocess.Popen(
+                ["perf", "record", "-q", "-F", "999", "-g", "-o", str(data), "-p", str(pid),
+                 "--", "sleep", str(args.duration)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        before = Snapshot(envoy, shim, redis)
+        closed = wrk(url, args.duration, headers=[f"x-api-key: {API_KEY}"])
+        closed.update(delta(before, Snapshot(envoy, shim, redis)))
+        for who, (data, recorder) in recorders.items():
+            recorder.wait(timeout=60)
+            for sort in ("dso", "dso,sym"):
+                report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", sort,
+                                         "--stdio", "-g", "none", "--percent-limit", "0.7"],
+                                        capture_output=True, text=True).stdout
+                suffix = sort.replace(",", "-")
+                (OUT / f"perf-{name}-{who}-{suffix}.txt").write_text(report)
+        envoy.stop()
+    finally:
+        procs.stop_all()
+    print(json.dumps({k: v for k, v in closed.items() if k != "redis_commands"}, indent=1))
+    print(f"bench: perf reports in bench/out/perf-{name}-*.txt")
+
+
 # --------------------------------------------------------------------------- main
 
 def main():
@@ -585,6 +640,10 @@ def main():
     parser.add_argument("--evalsha-n", type=int, default=150_000, help="redis-benchmark requests (x pipeline)")
     parser.add_argument("--only", help="comma-separated configuration names")
     parser.add_argument("--skip-ceiling", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--shim-workers", type=int, help="TOKIO_WORKER_THREADS for the shim (default: one per core)")
+    parser.add_argument("--profile", metavar="NAME",
+                        help="instead of the sweep: perf-record Envoy, the shim and Redis under closed-loop load")
     args = parser.parse_args()
 
     for tool in ("wrk", "oha", "redis-server", "redis-cli", "redis-benchmark", "taskset"):
@@ -597,12 +656,14 @@ def main():
         sys.exit("bench: needs two cores (Envoy on one, the load on the other)")
 
     OUT.mkdir(parents=True, exist_ok=True)
-    configs = [c for c in CONFIGS if not args.only or c[0] in args.only.split(",")]
+    configs = [c for c in CONFIGS + EXPERIMENTS if c[0] in args.only.split(",")] if args.only else CONFIGS
+    if args.profile:
+        return profile(args, next(c for c in CONFIGS + EXPERIMENTS if c[0] == args.profile))
     procs = Processes()
     results = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args), "runs": [], "ceiling": []}
     try:
         redis = Redis(procs)
-        shim = Shim(procs, redis.port)
+        shim = Shim(procs, redis.port, args.shim_workers)
         for run in range(args.runs):
             order = configs if run % 2 == 0 else list(reversed(configs))
             print(f"run {run + 1}/{args.runs}: {', '.join(c[0] for c in order)}", flush=True)
@@ -610,8 +671,9 @@ def main():
                                     for name, _, filters in order})
             if not args.skip_ceiling:
                 results["ceiling"].append(ceiling(procs, shim, redis, args))
-        print("bytes per key in Redis:", flush=True)
-        results["memory"] = memory_per_key(shim, redis)
+        if not args.skip_memory:
+            print("bytes per key in Redis:", flush=True)
+            results["memory"] = memory_per_key(shim, redis)
     finally:
         procs.stop_all()
     (OUT / "results.json").write_text(json.dumps(results, indent=1))
