@@ -56,3 +56,9 @@ compose-up: wasm
 
 compose-down:
 	docker compose down
+
+# Benchmarks (not part of `make test`): Envoy with one worker on core 0, load from core 1;
+# every configuration back to back, the sweep twice; see bench/RESULTS.md.
+.PHONY: bench
+bench: build
+	@bench/bench.sh

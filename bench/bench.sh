@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# `make bench`: installs the load generators when missing (wrk from Debian, oha from
+# crates.io), builds the pass-through wasm filter, runs the sweep (bench/run.py; extra
+# arguments are passed to it, e.g. --runs 3 --duration 5) and draws the latency plot
+# bench/latency.png with matplotlib from a venv in bench/.venv.
+# Expects `make build` to have run (the Makefile's bench target depends on it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+OHA_VERSION=1.16.0
+
+if ! command -v wrk >/dev/null || ! command -v redis-benchmark >/dev/null; then
+    echo "bench: installing wrk and redis-tools"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends wrk redis-tools >/dev/null
+fi
+if ! command -v oha >/dev/null; then
+    echo "bench: installing oha $OHA_VERSION (a few minutes, once)"
+    cargo install --quiet --locked oha --version "$OHA_VERSION"
+fi
+bench/build-passthrough.sh
+
+python3 bench/run.py "$@"
+
+if ! bench/.venv/bin/python -c 'import matplotlib' 2>/dev/null; then
+    echo "bench: installing matplotlib into bench/.venv"
+    python3 -m venv bench/.venv
+    bench/.venv/bin/pip install --quiet matplotlib
+fi
+bench/.venv/bin/python bench/plot.py

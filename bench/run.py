@@ -1,0 +1,696 @@
+#!/usr/bin/env python3
+"""The benchmark sweep behind `make bench` (see bench/RESULTS.md for how to read it).
+
+Starts Redis and the shim, then, for each configuration in turn, an Envoy with one
+worker pinned to core 0 (`--concurrency 1`, `taskset -c 0`) whose route answers 200
+itself, and measures it from core 1:
+
+  - max throughput: wrk, closed loop, 32 connections;
+  - latency at a fixed rate (2,000 req/s): oha with latency correction;
+  - CPU per request of Envoy, and per shim check of the shim and of Redis: on-CPU time
+    of every thread (/proc/<pid>/task/*/schedstat) before and after, over requests
+    served (Envoy's own counters) or checks made (Envoy's shim-cluster counters);
+  - shim calls and Redis commands per request (Envoy's cluster stats, Redis
+    INFO commandstats; commands run inside a script count too).
+
+Every configuration is measured back to back in one run, and the whole sweep runs
+`--runs` times (alternate runs in reverse order) so the table can show the spread.
+Then the shim against its ceiling (wrk through the shim vs redis-benchmark EVALSHA of
+the same script) and Redis bytes per key for each algorithm. Writes
+bench/out/results.json and bench/out/table.md; bench/plot.py draws the latency plot.
+
+Everything listens on 127.0.0.1 only; every load is bounded by --duration seconds.
+"""
+
+import argparse
+import hashlib
+import http.client
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "out"
+# Relative to the repository root, where Envoy runs: no machine path in any config.
+RATELIMIT_WASM = "target/wasm32-wasip1/release/ratelimit_wasm.wasm"
+PASSTHROUGH_WASM = "bench/passthrough/target/passthrough.wasm"
+SHIM_BIN = "target/release/redis-shim"
+ENVOY_BIN = os.environ.get("ENVOY_BIN", str(ROOT / ".venv" / "bin" / "envoy"))
+SCRIPTS = ROOT / "redis-shim" / "scripts"
+# The one script the shim sends per request: its files in the order redis-shim/src/scripts.rs
+# concatenates them.
+SCRIPT_FILES = ["common.lua", "token_bucket.lua", "fixed_window.lua", "sliding_window_log.lua",
+                "sliding_window_counter.lua", "check.lua"]
+
+ENVOY_CORE, LOAD_CORE = "0", "1"
+API_KEY = "bench-client"
+# Admits everything: the rows measure the cost of deciding, not of refusing.
+HUGE = 1_000_000_000
+# The rules' "admit everything" limit, per second. Not HUGE: the token-bucket script
+# fails above ~8 million tokens per second (see bench/RESULTS.md, "Found on the way").
+ADMIT_ALL = 1_000_000
+
+
+# --------------------------------------------------------------------------- configs
+
+def wasm_filter(name, filename, plugin_config):
+    config = {
+        "name": name,
+        "root_id": name,
+        "vm_config": {"runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": filename}}},
+    }
+    if plugin_config is not None:
+        config["configuration"] = {
+            "@type": "type.googleapis.com/google.protobuf.StringValue",
+            "value": json.dumps(plugin_config),
+        }
+    return {
+        "name": "envoy.filters.http.wasm",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                         "config": config},
+    }
+
+
+def ratelimit(rule_extra, limit=ADMIT_ALL, period="1s", **top):
+    rule = {"name": "bench", "key": [{"header": "x-api-key"}], "limit": limit, "period": period}
+    rule.update(rule_extra)
+    # A generous timeout: a slow answer under closed-loop load must show as latency, not
+    # as a fail-open admission that skips the shim.
+    plugin = {"shim_cluster": "ratelimit_shim", "timeout": "1s", "rules": [rule], **top}
+    return [wasm_filter("ratelimit", RATELIMIT_WASM, plugin)]
+
+
+NATIVE_LOCAL_RATELIMIT = {
+    "name": "envoy.filters.http.local_ratelimit",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit",
+        "stat_prefix": "local_rl",
+        "token_bucket": {"max_tokens": HUGE, "tokens_per_fill": HUGE, "fill_interval": "1s"},
+        "filter_enabled": {"runtime_key": "local_rl_enabled",
+                           "default_value": {"numerator": 100, "denominator": "HUNDRED"}},
+        "filter_enforced": {"runtime_key": "local_rl_enforced",
+                            "default_value": {"numerator": 100, "denominator": "HUNDRED"}},
+    },
+}
+
+# name, description, HTTP filters ahead of the router
+CONFIGS = [
+    ("baseline", "no rate-limit filter", []),
+    ("native_local", "Envoy local_ratelimit (admits all)", [NATIVE_LOCAL_RATELIMIT]),
+    ("wasm_passthrough", "pass-through wasm filter", [wasm_filter("passthrough", PASSTHROUGH_WASM, None)]),
+    ("rl_local", "ratelimit-wasm, scope local", ratelimit({"scope": "local"})),
+    ("rl_global", "ratelimit-wasm, exact global", ratelimit({})),
+    ("rl_leased", "ratelimit-wasm, leased (100, 1s)", ratelimit({"lease": {"size": 100, "ttl": "1s"}})),
+    ("rl_abusive", "ratelimit-wasm, abusive client (10/s)", ratelimit({}, limit=10, period="1s")),
+]
+# Variants for the profile-and-improve step (`--only NAME,...`): same rules, one thing
+# changed in the deployment, not in the code.
+EXPERIMENTS = [
+    ("rl_global_h2", "exact global, HTTP/2 to the shim", ratelimit({})),
+    ("rl_global_noheaders", "exact global, no rate-limit headers", ratelimit({}, response={"headers": "none"})),
+    ("rl_local_noheaders", "ratelimit-wasm local, no rate-limit headers",
+     ratelimit({"scope": "local"}, response={"headers": "none"})),
+]
+H2_TO_SHIM = {"rl_global_h2"}
+
+
+def envoy_config(port, admin_port, shim_port, filters, h2_to_shim=False):
+    address = lambda p: {"socket_address": {"address": "127.0.0.1", "port_value": p}}
+    return {
+        "static_resources": {
+            "listeners": [{
+                "name": "bench",
+                "address": address(port),
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network."
+                                 "http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "bench",
+                        "route_config": {"virtual_hosts": [{
+                            "name": "bench", "domains": ["*"],
+                            "routes": [{"match": {"prefix": "/"},
+                                        "direct_response": {"status": 200, "body": {"inline_string": "ok"}}}],
+                        }]},
+                        "http_filters": filters + [{
+                            "name": "envoy.filters.http.router",
+                            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+                        }],
+                    },
+                }]}],
+            }],
+            "clusters": [dict({
+                "name": "ratelimit_shim",
+                "type": "STATIC",
+                "connect_timeout": "0.25s",
+                "load_assignment": {"cluster_name": "ratelimit_shim",
+                                    "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address(shim_port)}}]}]},
+            }, **({"typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}}}}} if h2_to_shim else {}))],
+        },
+        "admin": {"address": address(admin_port)},
+    }
+
+
+# --------------------------------------------------------------------------- processes
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(what, predicate, timeout=30.0, process=None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process is not None and process.poll() is not None:
+            return False
+        try:
+            if predicate():
+                return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    print(f"bench: {what} not ready after {timeout}s", file=sys.stderr)
+    return False
+
+
+def http_get(url, timeout=2.0):
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode()
+
+
+class Processes:
+    """Children started here, stopped by pid (each one we started, nothing else)."""
+
+    def __init__(self):
+        self.children = []
+
+    def start(self, args, log, core=None, env=None):
+        if core is not None:
+            args = ["taskset", "-c", core] + args  # taskset execs: the pid is the program's
+        out = open(log, "w")
+        child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                 cwd=ROOT, env=env)
+        self.children.append(child)
+        return child
+
+    def stop(self, child):
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        if child in self.children:
+            self.children.remove(child)
+
+    def stop_all(self):
+        for child in list(reversed(self.children)):
+            self.stop(child)
+
+
+def cpu_ns(pid):
+    """On-CPU nanoseconds of every thread of `pid` so far."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that just ended
+    return total
+
+
+def pin(pid, core):
+    subprocess.run(["taskset", "-a", "-p", "-c", core, str(pid)], check=True, stdout=subprocess.DEVNULL)
+
+
+class Redis:
+    def __init__(self, procs):
+        self.port = free_port()
+        self.process = procs.start(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                                    "--save", "", "--appendonly", "no"], OUT / "redis.log", core=LOAD_CORE)
+        if not wait_until("Redis", lambda: self.cli("PING") == "PONG", 10, self.process):
+            sys.exit("bench: Redis did not start; see bench/out/redis.log")
+
+    def cli(self, *args):
+        result = subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True)
+        return result.stdout.strip()
+
+    def commands(self):
+        """Calls per command since start, without the ones this harness sends."""
+        ours = {"info", "ping", "flushall", "config", "memory", "script", "scan", "command", "dbsize"}
+        calls = {}
+        for line in self.cli("INFO", "commandstats").splitlines():
+            m = re.match(r"cmdstat_([^:]+):calls=(\d+)", line)
+            if m and m.group(1).split("|")[0] not in ours:
+                calls[m.group(1)] = int(m.group(2))
+        return calls
+
+
+class Shim:
+    def __init__(self, procs, redis_port, workers=None):
+        self.port = free_port()
+        env = dict(os.environ, RUST_LOG="warn")
+        if workers:
+            env["TOKIO_WORKER_THREADS"] = str(workers)  # read by tokio's multi-thread runtime
+        self.process = procs.start([SHIM_BIN, "--listen", f"127.0.0.1:{self.port}",
+                                    "--redis-url", f"redis://127.0.0.1:{redis_port}"],
+                                   OUT / "shim.log", core=LOAD_CORE, env=env)
+        if not wait_until("shim", lambda: "ok" in http_get(f"http://127.0.0.1:{self.port}/healthz"),
+                          10, self.process):
+            sys.exit("bench: the shim did not start; see bench/out/shim.log")
+
+
+class Envoy:
+    def __init__(self, procs, name, filters, shim_port):
+        self.procs = procs
+        self.port, self.admin = free_port(), free_port()
+        config = OUT / f"envoy-{name}.json"
+        config.write_text(json.dumps(envoy_config(self.port, self.admin, shim_port, filters,
+                                                  h2_to_shim=name in H2_TO_SHIM), indent=1))
+        self.log = OUT / f"envoy-{name}.log"
+        # Python stays Envoy's parent for its whole life (Envoy stops when its parent does).
+        self.process = procs.start([ENVOY_BIN, "-c", str(config.relative_to(ROOT)), "--concurrency", "1",
+                                    "--use-dynamic-base-id", "--log-level", "warn",
+                                    "--component-log-level", "wasm:info"], self.log, core=ENVOY_CORE)
+        self.ready = wait_until(f"Envoy ({name})",
+                                lambda: http_get(f"http://127.0.0.1:{self.admin}/ready").strip() == "LIVE",
+                                30, self.process)
+
+    def why_not_ready(self):
+        text = self.log.read_text(errors="replace")
+        for line in text.splitlines():
+            if "invalid plugin configuration" in line or "Unable to create Wasm" in line:
+                return re.sub(r"^.*?\] ", "", line).strip()
+        return (text.strip().splitlines() or ["Envoy did not start"])[-1][:200]
+
+    def stats(self):
+        """Every counter, as name -> value."""
+        counters = {}
+        for line in http_get(f"http://127.0.0.1:{self.admin}/stats").splitlines():
+            name, _, value = line.partition(": ")
+            if value.isdigit():
+                counters[name] = int(value)
+        return counters
+
+    def stop(self):
+        self.procs.stop(self.process)
+
+
+# --------------------------------------------------------------------------- load
+
+def wrk(url, seconds, connections=32, headers=(), script=None):
+    args = ["taskset", "-c", LOAD_CORE, "wrk", "-t1", f"-c{connections}", f"-d{seconds}s"]
+    for header in headers:
+        args += ["-H", header]
+    if script:
+        args += ["-s", str(script)]
+    text = subprocess.run(args + [url], capture_output=True, text=True, timeout=seconds + 30).stdout
+    m = re.search(r"(\d+) requests in", text)
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    errors = re.search(r"Socket errors: (.*)", text)
+    return {
+        "requests": int(m.group(1)) if m else 0,
+        "rps": float(rps.group(1)) if rps else 0.0,
+        "non_2xx": int(non2xx.group(1)) if non2xx else 0,
+        "socket_errors": errors.group(1).strip() if errors else "",
+    }
+
+
+def oha_fixed_rate(url, seconds, rate, headers=()):
+    args = ["taskset", "-c", LOAD_CORE, "oha", "--no-tui", "--output-format", "json", "-z", f"{seconds}s",
+            "-q", str(rate), "-c", "16", "--latency-correction"]
+    for header in headers:
+        args += ["-H", header]
+    text = subprocess.run(args + [url], capture_output=True, text=True, timeout=seconds + 30).stdout
+    report = json.loads(text)
+    percentiles = {k: v * 1000 for k, v in (report.get("latencyPercentiles") or {}).items() if v is not None}
+    return {
+        "rps": report["summary"].get("requestsPerSec"),
+        "success_rate": report["summary"].get("successRate"),
+        "latency_ms": percentiles,
+        "status": report.get("statusCodeDistribution", {}),
+    }
+
+
+# --------------------------------------------------------------------------- measuring
+
+class Snapshot:
+    def __init__(self, envoy, shim, redis):
+        self.envoy_cpu = cpu_ns(envoy.process.pid)
+        self.shim_cpu = cpu_ns(shim.process.pid)
+        self.redis_cpu = cpu_ns(redis.process.pid)
+        self.stats = envoy.stats()
+        self.redis = redis.commands()
+
+
+def delta(before, after):
+    def d(name):
+        return after.stats.get(name, 0) - before.stats.get(name, 0)
+
+    requests = d("http.bench.downstream_rq_total")
+    shim_calls = d("cluster.ratelimit_shim.upstream_rq_total")
+    commands = {k: v - before.redis.get(k, 0) for k, v in after.redis.items() if v != before.redis.get(k, 0)}
+    scripts = sum(v for k, v in commands.items() if k.startswith("eval"))
+    wasm = {}
+    for name in after.stats:
+        if name.startswith("wasmcustom.ratelimit.") and d(name):
+            wasm[name.removeprefix("wasmcustom.ratelimit.")] = d(name)
+    per = lambda x, n: x / n if n else None
+    return {
+        "requests": requests,
+        "envoy_cpu_us_per_req": per((after.envoy_cpu - before.envoy_cpu) / 1000, requests),
+        "shim_calls": shim_calls,
+        "shim_calls_per_req": per(shim_calls, requests),
+        "redis_commands_per_req": per(sum(commands.values()), requests),
+        "redis_scripts_per_req": per(scripts, requests),
+        "redis_commands": commands,
+        "shim_cpu_us_per_check": per((after.shim_cpu - before.shim_cpu) / 1000, shim_calls),
+        "redis_cpu_us_per_check": per((after.redis_cpu - before.redis_cpu) / 1000, shim_calls),
+        "shim_cpu_us_per_req": per((after.shim_cpu - before.shim_cpu) / 1000, requests),
+        "redis_cpu_us_per_req": per((after.redis_cpu - before.redis_cpu) / 1000, requests),
+        "filter_counters": wasm,
+        "shim_errors": sum(v for k, v in wasm.items() if k.endswith(("shim_errors", "shim_timeouts"))),
+        "failed_open": sum(v for k, v in wasm.items() if k.endswith("failed_open")),
+    }
+
+
+def measure_config(procs, name, filters, shim, redis, args):
+    redis.cli("FLUSHALL")
+    envoy = Envoy(procs, name, filters, shim.port)
+    if not envoy.ready:
+        reason = envoy.why_not_ready()
+        envoy.stop()
+        print(f"  {name}: SKIPPED ({reason})", flush=True)
+        return {"skipped": reason}
+    try:
+        url = f"http://127.0.0.1:{envoy.port}/"
+        headers = [f"x-api-key: {API_KEY}"]
+        wrk(url, 1, headers=headers)  # warm-up: connections, JIT, the abusive key's bucket
+        before = Snapshot(envoy, shim, redis)
+        closed = wrk(url, args.duration, headers=headers)
+        closed.update(delta(before, Snapshot(envoy, shim, redis)))
+        before = Snapshot(envoy, shim, redis)
+        fixed = oha_fixed_rate(url, args.duration, args.rate, headers=headers)
+        fixed.update(delta(before, Snapshot(envoy, shim, redis)))
+    finally:
+        envoy.stop()
+    problems = []
+    for phase in (closed, fixed):
+        if phase["shim_errors"] or phase["failed_open"]:
+            problems.append(f"{phase['shim_errors']} shim errors/timeouts, {phase['failed_open']} failed open")
+    result = {"closed": closed, "fixed": fixed}
+    if problems:
+        result["invalid"] = "; ".join(problems) + " (see bench/out/shim.log)"
+    p = fixed["latency_ms"]
+    print(f"  {name:17} {closed['rps']:9.0f} req/s  envoy {closed['envoy_cpu_us_per_req'] or 0:6.1f} us/req  "
+          f"p50 {p.get('p50', 0):.3f} ms  p99 {p.get('p99', 0):.3f} ms  "
+          f"shim calls/req {closed['shim_calls_per_req'] or 0:.3f}"
+          + (f"  INVALID: {result['invalid']}" if problems else ""), flush=True)
+    return result
+
+
+# --------------------------------------------------------------------------- the shim's ceiling
+
+def check_script():
+    """The text of the shim's check script, as the shim builds it."""
+    return "".join((SCRIPTS / name).read_text() for name in SCRIPT_FILES)
+
+
+def script_args(script_text, key):
+    """EVALSHA arguments of one admitted token-bucket check, after check.lua's header."""
+    if re.search(r"ARGV\[1\]\s+mode", script_text) and re.search(r"ARGV\[6i\+1\]\s+shadow", script_text):
+        # mode, then algorithm, limit, period (ms), cost, lease, shadow
+        return ["1", key, "charge", "token_bucket", str(ADMIT_ALL), "1000", "1", "0", "0"]
+    raise SystemExit("bench: check.lua's ARGV layout changed; update script_args() in bench/run.py")
+
+
+def ceiling(procs, shim, redis, args):
+    """Checks/s through the shim vs EVALSHA/s straight into Redis, Redis alone on core 0."""
+    pin(redis.process.pid, ENVOY_CORE)
+    try:
+        redis.cli("FLUSHALL")
+        before = (cpu_ns(shim.process.pid), cpu_ns(redis.process.pid), redis.commands())
+        through = wrk(f"http://127.0.0.1:{shim.port}/v1/check", args.duration, script=ROOT / "bench" / "shim-check.lua")
+        after = (cpu_ns(shim.process.pid), cpu_ns(redis.process.pid), redis.commands())
+        checks = through["requests"]
+        through_result = {
+            "checks_per_s": through["rps"], "non_2xx": through["non_2xx"],
+            "shim_cpu_us_per_check": (after[0] - before[0]) / 1000 / checks if checks else None,
+            "redis_cpu_us_per_check": (after[1] - before[1]) / 1000 / checks if checks else None,
+        }
+        text = check_script()
+        sha = redis.cli("SCRIPT", "LOAD", text)
+        raw = {}
+        for pipeline in (1, 16):
+            r_before = cpu_ns(redis.process.pid)
+            t0 = time.time()
+            out = subprocess.run(["taskset", "-c", LOAD_CORE, "redis-benchmark", "-p", str(redis.port), "-c", "32",
+                                  "-n", str(args.evalsha_n * pipeline), "-P", str(pipeline), "--csv",
+                                  "EVALSHA", sha, *script_args(text, "rl:bench:{ceiling-raw}")],
+                                 capture_output=True, text=True, timeout=120)
+            elapsed = time.time() - t0
+            rows = [line for line in out.stdout.splitlines() if line.startswith('"EVALSHA')]
+            if not rows:
+                print(f"  redis-benchmark failed: {(out.stdout + out.stderr).strip()[-300:]}", file=sys.stderr)
+            rps = float(rows[-1].split('","')[1]) if rows else 0.0
+            raw[f"P{pipeline}"] = {
+                "evalsha_per_s": rps,
+                "redis_cpu_us_per_check": (cpu_ns(redis.process.pid) - r_before) / 1000 / (args.evalsha_n * pipeline),
+                "seconds": round(elapsed, 1),
+            }
+        result = {"through_shim": through_result, "redis_benchmark": raw,
+                  "ratio": through["rps"] / raw["P1"]["evalsha_per_s"] if raw["P1"]["evalsha_per_s"] else None}
+    finally:
+        pin(redis.process.pid, LOAD_CORE)
+    print(f"  shim {through_result['checks_per_s']:.0f} checks/s vs EVALSHA {raw['P1']['evalsha_per_s']:.0f}/s "
+          f"(pipelined x16: {raw['P16']['evalsha_per_s']:.0f}/s): {result['ratio'] or 0:.2f}", flush=True)
+    return result
+
+
+# --------------------------------------------------------------------------- bytes per key
+
+def memory_per_key(shim, redis, keys=200):
+    """Redis bytes per counter for each algorithm: checks on `keys` fresh keys through the shim."""
+    results = {}
+    connection = http.client.HTTPConnection("127.0.0.1", shim.port, timeout=5)
+    plans = [("token_bucket", 100, 1), ("fixed_window", 100, 1), ("sliding_window_counter", 100, 1),
+             ("sliding_window_log", 100, 1), ("sliding_window_log", 100, 100)]
+    for algorithm, limit, checks_per_key in plans:
+        label = algorithm if checks_per_key == 1 else f"{algorithm} ({checks_per_key} entries)"
+        n = keys if checks_per_key == 1 else keys // 10
+        redis.cli("FLUSHALL")
+        used_before = int(re.search(r"used_memory:(\d+)", redis.cli("INFO", "memory")).group(1))
+        status = None
+        for i in range(n):
+            digest = hashlib.sha256(f"{algorithm}-{i}".encode()).hexdigest()[:32]
+            body = json.dumps({"checks": [{"key": f"per-api-key:{{{digest}}}", "algorithm": algorithm,
+                                           "limit": limit, "period_ms": 86_400_000}]})
+            for _ in range(checks_per_key):
+                connection.request("POST", "/v1/check", body, {"content-type": "application/json"})
+                response = connection.getresponse()
+                reply = response.read().decode()
+                status = response.status
+                if status != 200:
+                    break
+            if status != 200:
+                break
+        if status != 200:
+            results[label] = {"unsupported": f"shim answered {status}: {reply[:160]}"}
+            continue
+        used_after = int(re.search(r"used_memory:(\d+)", redis.cli("INFO", "memory")).group(1))
+        names = [k for k in redis.cli("--scan", "--pattern", "*").splitlines() if k]
+        usage = sum(int(redis.cli("MEMORY", "USAGE", k, "SAMPLES", "0") or 0) for k in names)
+        results[label] = {
+            "counters": n, "redis_keys": len(names),
+            "memory_usage_bytes_per_counter": usage / n,
+            "used_memory_bytes_per_counter": (used_after - used_before) / n,
+            "key_example": names[0] if names else None,
+        }
+    connection.close()
+    for label, r in results.items():
+        if "unsupported" in r:
+            print(f"  {label:34} {r['unsupported']}")
+        else:
+            print(f"  {label:34} MEMORY USAGE {r['memory_usage_bytes_per_counter']:.0f} B/counter, "
+                  f"used_memory {r['used_memory_bytes_per_counter']:.0f} B/counter ({r['redis_keys']} keys)")
+    return results
+
+
+# --------------------------------------------------------------------------- table
+
+def spread(values, fmt):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    lo, hi = min(values), max(values)
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}–{fmt(hi)}"
+
+
+def table(results):
+    runs = results["runs"]
+    lines = [
+        "| configuration | max req/s | × baseline | Envoy µs CPU/req | added µs/req | p50 ms @2k/s | p99 ms @2k/s "
+        "| added p50 / p99 ms | shim calls/req | Redis cmds/req | shim µs/check | Redis µs/check |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    k = lambda v: f"{v / 1000:.1f}k"
+    f1 = lambda v: f"{v:.1f}"
+    f2 = lambda v: f"{v:.2f}"
+    f3 = lambda v: f"{v:.3f}"
+    for name, description, _ in CONFIGS + EXPERIMENTS:
+        if not any(name in run for run in runs):
+            continue
+        rows = [run.get(name, {}) for run in runs]
+        ok = [(r, run["baseline"]) for r, run in zip(rows, runs)
+              if r and "skipped" not in r and "invalid" not in r and "closed" in run.get("baseline", {})]
+        if not ok:
+            reason = next((f"skipped: {r['skipped']}" for r in rows if r.get("skipped")), None) or \
+                next((f"invalid: {r['invalid']}" for r in rows if r.get("invalid")), "not measured")
+            lines.append(f"| {description} | {reason} |" + " |" * 10)
+            continue
+        c = lambda key, phase="closed": [r[phase][key] for r, _ in ok]
+        ratio = [r["closed"]["rps"] / b["closed"]["rps"] for r, b in ok]
+        added = [r["closed"]["envoy_cpu_us_per_req"] - b["closed"]["envoy_cpu_us_per_req"] for r, b in ok]
+        p50 = [r["fixed"]["latency_ms"].get("p50") for r, _ in ok]
+        p99 = [r["fixed"]["latency_ms"].get("p99") for r, _ in ok]
+        a50 = [r["fixed"]["latency_ms"]["p50"] - b["fixed"]["latency_ms"]["p50"] for r, b in ok]
+        a99 = [r["fixed"]["latency_ms"]["p99"] - b["fixed"]["latency_ms"]["p99"] for r, b in ok]
+        invalid = " ⚠" if len(ok) < len(runs) else ""
+        lines.append("| " + " | ".join([
+            description + invalid, spread(c("rps"), k), spread(ratio, f2),
+            spread(c("envoy_cpu_us_per_req"), f1), spread(added, f1),
+            spread(p50, f3), spread(p99, f3), f"{spread(a50, f2)} / {spread(a99, f2)}",
+            spread(c("shim_calls_per_req"), f3), spread(c("redis_commands_per_req"), f2),
+            spread(c("shim_cpu_us_per_check"), f1), spread(c("redis_cpu_us_per_check"), f1),
+        ]) + " |")
+    lines.append("")
+    lines.append(f"Ranges are min–max over {len(runs)} runs; ratios and added costs are against the "
+                 "baseline of the same run. ⚠: some runs left out (skipped, or the shim failed checks: see results.json).")
+    ceilings = results.get("ceiling", [])
+    if ceilings:
+        lines += ["", "| shim vs raw Redis | checks/s | shim µs CPU/check | Redis µs CPU/check |", "|---|---|---|---|"]
+        lines.append(f"| through the shim (wrk, 32 conns) | {spread([c['through_shim']['checks_per_s'] for c in ceilings], k)} "
+                     f"| {spread([c['through_shim']['shim_cpu_us_per_check'] for c in ceilings], f1)} "
+                     f"| {spread([c['through_shim']['redis_cpu_us_per_check'] for c in ceilings], f1)} |")
+        for p in ("P1", "P16"):
+            lines.append(f"| redis-benchmark EVALSHA -c 32 -P {p[1:]} "
+                         f"| {spread([c['redis_benchmark'][p]['evalsha_per_s'] for c in ceilings], k)} | – "
+                         f"| {spread([c['redis_benchmark'][p]['redis_cpu_us_per_check'] for c in ceilings], f1)} |")
+        lines.append(f"| **shim / EVALSHA (-P 1)** | {spread([c['ratio'] for c in ceilings], f2)} | | |")
+    memory = results.get("memory")
+    if memory:
+        lines += ["", "| algorithm | Redis keys per counter | MEMORY USAGE B/counter | used_memory B/counter |", "|---|---|---|---|"]
+        for label, r in memory.items():
+            if "unsupported" in r:
+                lines.append(f"| {label} | not supported by this shim yet | | |")
+            else:
+                lines.append(f"| {label} | {r['redis_keys'] / r['counters']:.0f} | {r['memory_usage_bytes_per_counter']:.0f} "
+                             f"| {r['used_memory_bytes_per_counter']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- profile
+
+def profile(args, config):
+    """perf record (call graphs) of Envoy, the shim and Redis under closed-loop load."""
+    name, _, filters = config
+    OUT.mkdir(parents=True, exist_ok=True)
+    procs = Processes()
+    try:
+        redis = Redis(procs)
+        shim = Shim(procs, redis.port)
+        envoy = Envoy(procs, name, filters, shim.port)
+        if not envoy.ready:
+            sys.exit(f"bench: {name}: {envoy.why_not_ready()}")
+        url = f"http://127.0.0.1:{envoy.port}/"
+        wrk(url, 1, headers=[f"x-api-key: {API_KEY}"])
+        recorders = {}
+        for who, pid in (("envoy", envoy.process.pid), ("shim", shim.process.pid), ("redis", redis.process.pid)):
+            data = OUT / f"perf-{name}-{who}.data"
+            recorders[who] = (data, subprocess.Popen(
+                ["perf", "record", "-q", "-F", "999", "-g", "-o", str(data), "-p", str(pid),
+                 "--", "sleep", str(args.duration)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        before = Snapshot(envoy, shim, redis)
+        closed = wrk(url, args.duration, headers=[f"x-api-key: {API_KEY}"])
+        closed.update(delta(before, Snapshot(envoy, shim, redis)))
+        for who, (data, recorder) in recorders.items():
+            recorder.wait(timeout=60)
+            for sort in ("dso", "dso,sym"):
+                report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", sort,
+                                         "--stdio", "-g", "none", "--percent-limit", "0.7"],
+                                        capture_output=True, text=True).stdout
+                suffix = sort.replace(",", "-")
+                (OUT / f"perf-{name}-{who}-{suffix}.txt").write_text(report)
+        envoy.stop()
+    finally:
+        procs.stop_all()
+    print(json.dumps({k: v for k, v in closed.items() if k != "redis_commands"}, indent=1))
+    print(f"bench: perf reports in bench/out/perf-{name}-*.txt")
+
+
+# --------------------------------------------------------------------------- main
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--duration", type=int, default=5, help="seconds per load phase")
+    parser.add_argument("--rate", type=int, default=2000, help="fixed rate for the latency phase")
+    parser.add_argument("--evalsha-n", type=int, default=150_000, help="redis-benchmark requests (x pipeline)")
+    parser.add_argument("--only", help="comma-separated configuration names")
+    parser.add_argument("--skip-ceiling", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--shim-workers", type=int, help="TOKIO_WORKER_THREADS for the shim (default: one per core)")
+    parser.add_argument("--profile", metavar="NAME",
+                        help="instead of the sweep: perf-record Envoy, the shim and Redis under closed-loop load")
+    args = parser.parse_args()
+
+    for tool in ("wrk", "oha", "redis-server", "redis-cli", "redis-benchmark", "taskset"):
+        if not shutil.which(tool):
+            sys.exit(f"bench: {tool} is missing (bench/bench.sh installs it)")
+    for path in (ENVOY_BIN, ROOT / RATELIMIT_WASM, ROOT / PASSTHROUGH_WASM, ROOT / SHIM_BIN):
+        if not Path(path).exists():
+            sys.exit(f"bench: {Path(path).name} is missing (run `make bench`)")
+    if os.cpu_count() < 2:
+        sys.exit("bench: needs two cores (Envoy on one, the load on the other)")
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    configs = [c for c in CONFIGS + EXPERIMENTS if c[0] in args.only.split(",")] if args.only else CONFIGS
+    if args.profile:
+        return profile(args, next(c for c in CONFIGS + EXPERIMENTS if c[0] == args.profile))
+    procs = Processes()
+    results = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args), "runs": [], "ceiling": []}
+    try:
+        redis = Redis(procs)
+        shim = Shim(procs, redis.port, args.shim_workers)
+        for run in range(args.runs):
+            order = configs if run % 2 == 0 else list(reversed(configs))
+            print(f"run {run + 1}/{args.runs}: {', '.join(c[0] for c in order)}", flush=True)
+            results["runs"].append({name: measure_config(procs, name, filters, shim, redis, args)
+                                    for name, _, filters in order})
+            if not args.skip_ceiling:
+                results["ceiling"].append(ceiling(procs, shim, redis, args))
+        if not args.skip_memory:
+            print("bytes per key in Redis:", flush=True)
+            results["memory"] = memory_per_key(shim, redis)
+    finally:
+        procs.stop_all()
+    (OUT / "results.json").write_text(json.dumps(results, indent=1))
+    (OUT / "table.md").write_text(table(results))
+    print()
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
