@@ -177,6 +177,7 @@ impl RootContext for RateLimitRoot {
             filter,
             planned: Vec::new(),
             pass: LocalPass::default(),
+            now_ms: 0,
             called_at_ms: 0,
             response_headers: Vec::new(),
         }))
@@ -194,6 +195,8 @@ struct RateLimitRequest {
     planned: Vec<PlannedCheck>,
     /// What the local layer decided, and which checks went to the shim.
     pass: LocalPass,
+    /// The host's wall clock, read once per callback: a host call is not free.
+    now_ms: u64,
     called_at_ms: u64,
     /// Rate-limit headers to add to the allowed response.
     response_headers: Headers,
@@ -301,7 +304,7 @@ impl RateLimitRequest {
                 &format!("ratelimit-wasm: shadow rule {rule} would refuse this request"),
             );
         }
-        let outcome = decide(&applied, &answer, now_ms(), &config.response)
+        let outcome = decide(&applied, &answer, self.now_ms, &config.response)
             .unwrap_or_else(|_| response::on_shim_failure(FailureMode::Open));
         let metrics = &self.filter.metrics;
         for ((index, result), (rule, _)) in known.iter().zip(&applied) {
@@ -349,7 +352,7 @@ impl RateLimitRequest {
             &filter.config,
             &self.planned,
             &SharedData,
-            now_ms(),
+            self.now_ms,
             &mut self.pass,
         );
         let mode_counter = if let FailureVerdict::Closed(_) = verdict {
@@ -371,7 +374,8 @@ impl RateLimitRequest {
     }
 
     fn on_answer(&mut self, body_size: usize) -> Outcome {
-        let elapsed_ms = now_ms().saturating_sub(self.called_at_ms);
+        self.now_ms = now_ms();
+        let elapsed_ms = self.now_ms.saturating_sub(self.called_at_ms);
         if let Some(id) = self.filter.metrics.shim_latency_ms {
             let _ = hostcalls::record_metric(id, elapsed_ms);
         }
@@ -389,7 +393,7 @@ impl RateLimitRequest {
             &filter.config,
             &self.planned,
             &SharedData,
-            now_ms(),
+            self.now_ms,
             &mut self.pass,
             &answer,
         ) {
@@ -444,7 +448,8 @@ impl HttpContext for RateLimitRequest {
         if self.planned.is_empty() {
             return Action::Continue;
         }
-        self.pass = local::before_shim(config, &self.planned, &SharedData, now_ms());
+        self.now_ms = now_ms();
+        self.pass = local::before_shim(config, &self.planned, &SharedData, self.now_ms);
         for &(index, event) in &self.pass.events {
             let counter = match event {
                 Event::DeniedLocally => Counter::DeniedLocally,
@@ -482,7 +487,7 @@ impl HttpContext for RateLimitRequest {
                 .metrics
                 .count(self.planned[index].rule_index, Counter::ShimCalls);
         }
-        self.called_at_ms = now_ms();
+        self.called_at_ms = self.now_ms;
         match hostcalls::dispatch_http_call(&shim.cluster, headers, Some(&body), Vec::new(), shim.timeout) {
             Ok(_token) => Action::Pause,
             Err(status) => {
