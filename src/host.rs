@@ -7,7 +7,7 @@
 //! here instead of the SDK trait defaults that `unwrap()` them: a panic would kill the VM
 //! for every request on this worker.
 
-use crate::config::{FailureMode, FilterConfig};
+use crate::config::{FailureMode, FilterConfig, RuleFailureMode};
 use crate::keys::RequestAttributes;
 use crate::local::{self, Event, FailureVerdict, LocalPass, SlotStore, StoreError};
 use crate::plan::{plan, PlannedCheck};
@@ -355,13 +355,14 @@ impl RateLimitRequest {
             self.now_ms,
             &mut self.pass,
         );
-        let mode_counter = if let FailureVerdict::Closed(_) = verdict {
-            Counter::FailedClosed
-        } else {
-            Counter::FailedOpen
-        };
+        // A `local` rule's fallback decision is counted as allowed or denied instead.
         for &(index, _) in &self.pass.to_shim {
-            filter.metrics.count(self.planned[index].rule_index, mode_counter);
+            let rule_index = self.planned[index].rule_index;
+            match filter.config.rules[rule_index].on_failure {
+                RuleFailureMode::Open => filter.metrics.count(rule_index, Counter::FailedOpen),
+                RuleFailureMode::Closed => filter.metrics.count(rule_index, Counter::FailedClosed),
+                RuleFailureMode::Local(_) => {}
+            }
         }
         match verdict {
             FailureVerdict::Closed(_) => response::on_shim_failure(FailureMode::Closed),
