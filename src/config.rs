@@ -455,6 +455,8 @@ impl RawConfig {
             ));
         }
         let response = self.response.compile()?;
+        // The draft's `w` is whole seconds: a period of 250 ms would announce 1 s.
+        let whole_seconds = matches!(response.header_style, HeaderStyle::IetfDraft | HeaderStyle::Both);
         if self.rules.is_empty() {
             return Err(ConfigError::new("rules", "at least one rule is required"));
         }
@@ -471,7 +473,7 @@ impl RawConfig {
         let mut names = HashSet::new();
         let mut rules = Vec::with_capacity(self.rules.len());
         for (index, raw) in self.rules.into_iter().enumerate() {
-            let rule = raw.compile(&format!("rules[{index}]"), self.failure_mode)?;
+            let rule = raw.compile(&format!("rules[{index}]"), self.failure_mode, whole_seconds)?;
             if !names.insert(rule.name.clone()) {
                 return Err(ConfigError::new(
                     format!("rules[{index}].name"),
@@ -547,7 +549,12 @@ fn compile_local(field: String, raw: RawLocalLimit, cost: u64) -> Result<LocalLi
 }
 
 impl RawRule {
-    fn compile(self, at: &str, default_failure_mode: FailureMode) -> Result<Rule, ConfigError> {
+    fn compile(
+        self,
+        at: &str,
+        default_failure_mode: FailureMode,
+        whole_seconds: bool,
+    ) -> Result<Rule, ConfigError> {
         let field = |name: &str| format!("{at}.{name}");
         if !is_rule_name(&self.name) {
             return Err(ConfigError::new(
@@ -570,10 +577,22 @@ impl RawRule {
         let matcher = compile_match(&field("match"), self.matcher)?;
         let limit = compile_limit(field("limit"), self.limit, self.algorithm)?;
         let period_ms = compile_period(field("period"), &self.period)?;
+        let check_whole = |field: String, period_ms: u64| {
+            if whole_seconds && period_ms % 1000 != 0 {
+                return Err(ConfigError::new(
+                    field,
+                    "must be whole seconds with ietf-draft headers (their window `w` is in seconds)",
+                ));
+            }
+            Ok(())
+        };
+        check_whole(field("period"), period_ms)?;
 
         let mut tiers = Vec::with_capacity(self.tiers.len());
         for (i, raw) in self.tiers.into_iter().enumerate() {
-            tiers.push(raw.compile(&format!("{at}.tiers[{i}]"), self.algorithm, period_ms)?);
+            let tier = raw.compile(&format!("{at}.tiers[{i}]"), self.algorithm, period_ms)?;
+            check_whole(format!("{at}.tiers[{i}].period"), tier.period_ms)?;
+            tiers.push(tier);
         }
         // A cost must fit every limit the rule can apply, or some client could never pass.
         let smallest_limit = tiers
@@ -715,6 +734,18 @@ impl RawTier {
             Some(period) => compile_period(format!("{at}.period"), period)?,
             None => rule_period_ms,
         };
+        // Window counters are aligned to the period: a tier with another period would
+        // read the client's counter as a different window and count from zero.
+        let windowed = matches!(
+            algorithm,
+            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter
+        );
+        if windowed && period_ms != rule_period_ms {
+            return Err(ConfigError::new(
+                format!("{at}.period"),
+                format!("a {} tier keeps the rule's period", algorithm.as_str()),
+            ));
+        }
         Ok(Tier {
             name: self.name,
             when: TierCondition { source, test },
@@ -901,6 +932,14 @@ mod tests {
                     r#""limit": 5, "period": "1s", "cost": 3, "tiers": [{"name": "t", "when": {"header": "x", "equals": "y"}, "limit": 2}]"#,
                 ),
                 "rules[0].cost",
+            ),
+            (
+                r#"{"shim_cluster": "c", "response": {"headers": "ietf-draft"}, "rules": [{"name": "r", "key": ["client_ip"], "limit": 5, "period": "250ms"}]}"#.to_string(),
+                "rules[0].period",
+            ),
+            (
+                rule(r#""limit": 5, "period": "1m", "algorithm": "fixed_window", "tiers": [{"name": "t", "when": {"header": "x", "equals": "y"}, "limit": 9, "period": "10s"}]"#),
+                "rules[0].tiers[0].period",
             ),
             (
                 with_rule(r#"{"name": "bad name", "key": ["client_ip"], "limit": 1, "period": "1s"}"#),

@@ -3,7 +3,8 @@
 //!
 //! State lives in a fixed table of `local_slots` slots, created once at start-up; a
 //! (rule, key) counter hashes to one slot, and a slot holding another key's state is
-//! simply taken over, so a flood of distinct keys cannot grow memory. Every write is a
+//! taken over (keeping its buckets, so colliding keys share them), so a flood of
+//! distinct keys can neither grow memory nor refill anyone's bucket. Every write is a
 //! compare-and-swap against the version read, retried on conflict, so two workers never
 //! spend one token twice. (The host cannot guard the first insert of a key with CAS;
 //! creating every slot at start-up, before traffic, is what makes every later write a
@@ -144,8 +145,14 @@ pub fn update<R>(
         };
         let mut record = SlotRecord::decode(&bytes);
         if record.fingerprint != fingerprint {
+            // Another counter's slot. Its buckets are kept: counters sharing a slot share
+            // their local buckets, so a flood of keys (or a key crafted to collide with a
+            // victim's) fails towards refusing instead of starting from a full bucket.
+            // Its deny entry and lease belong to its own global counter and are dropped.
             record = SlotRecord {
                 fingerprint,
+                bucket: record.bucket,
+                fallback: record.fallback,
                 ..SlotRecord::default()
             };
         }
@@ -312,8 +319,26 @@ pub fn before_shim(
                 (step, write)
             },
         );
-        // Without local state (store failure), the shim still decides.
-        let step = step.unwrap_or(LocalStep::Continue);
+        let step = match step {
+            Ok(step) => step,
+            // A local rule never calls the shim: without local state its failure mode
+            // decides here.
+            Err(_) if rule.scope == Scope::Local => {
+                let allowed = rule.on_failure != RuleFailureMode::Closed;
+                LocalStep::Bucket(
+                    CheckResult {
+                        allowed,
+                        limit: check.limit,
+                        retry_after_ms: if allowed { 0 } else { 1_000 },
+                        granted: if allowed { check.cost } else { 0 },
+                        ..CheckResult::default()
+                    },
+                    own_limit,
+                )
+            }
+            // Without local state, the shim still decides a global rule.
+            Err(_) => LocalStep::Continue,
+        };
         match step {
             LocalStep::DenyCached(result) => {
                 pass.events.push((index, Event::DenyCacheHit));
@@ -649,15 +674,40 @@ mod tests {
     }
 
     #[test]
-    fn the_table_stays_bounded_by_its_slots() {
+    fn the_table_stays_bounded_and_a_flood_of_keys_shares_its_buckets() {
         let config = config(LOCAL_RULE, "");
         let store = MapStore::default();
         create_slots(&store, config.local_slots).unwrap();
-        for i in 0..1_000 {
-            let planned = plan(&config, &request(&format!("key-{i}")));
-            assert!(before_shim(&config, &planned, &store, 1_000).refused.is_none());
-        }
+        let admitted = (0..1_000)
+            .filter(|i| {
+                let planned = plan(&config, &request(&format!("key-{i}")));
+                before_shim(&config, &planned, &store, 1_000).refused.is_none()
+            })
+            .count();
         assert_eq!(store.slots.borrow().len(), 64);
+        // At one instant, at most one bucket of 3 per slot.
+        assert!(admitted <= 64 * 3, "{admitted} admitted");
+    }
+
+    // Regression: a slot taken over started from a full bucket, so a key crafted to land
+    // in a victim's slot reset the victim's local limit on every request.
+    #[test]
+    fn a_colliding_key_cannot_refill_anothers_bucket() {
+        let config = config(LOCAL_RULE, "");
+        let store = MapStore::default();
+        create_slots(&store, config.local_slots).unwrap();
+        let victim = plan(&config, &request("victim"));
+        let slot = slot_of(fingerprint(&victim[0].check.key), config.local_slots);
+        let attacker = (0..)
+            .map(|i| plan(&config, &request(&format!("attacker-{i}"))))
+            .find(|p| slot_of(fingerprint(&p[0].check.key), config.local_slots) == slot)
+            .unwrap();
+        let mut admitted = 0;
+        for _ in 0..10 {
+            admitted += usize::from(before_shim(&config, &attacker, &store, 1_000).refused.is_none());
+            admitted += usize::from(before_shim(&config, &victim, &store, 1_000).refused.is_none());
+        }
+        assert_eq!(admitted, 3, "the two keys share one bucket of 3");
     }
 
     #[test]

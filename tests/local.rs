@@ -40,14 +40,13 @@ fn a_flood_of_distinct_keys_does_not_grow_envoys_memory() {
         free_port(),
         &config(
             json!([{ "name": "local", "scope": "local", "key": [{ "header": "x-api-key" }],
-                         "limit": 5, "period": "1m" }]),
+                         "limit": 5, "period": "1h" }]),
         ),
     );
     let url = envoy.url("/");
-    let warm_up: Vec<u16> = (0..2_000)
-        .map(|i| get(&url, &[("x-api-key", &format!("warm-{i}"))]).status)
-        .collect();
-    assert!(warm_up.iter().all(|s| *s == 200));
+    for i in 0..2_000 {
+        assert_ne!(get(&url, &[("x-api-key", &format!("warm-{i}"))]).status, 0);
+    }
     let before = envoy.allocated_bytes();
     let handles: Vec<_> = (0..THREADS)
         .map(|thread| {
@@ -61,7 +60,10 @@ fn a_flood_of_distinct_keys_does_not_grow_envoys_memory() {
         })
         .collect();
     let admitted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
-    assert_eq!(admitted, KEYS, "every new key has a full local bucket");
+    // Keys sharing a slot share its bucket: at most one bucket of 5 per slot (8,192 by
+    // default) for the whole flood, which therefore cannot reset anyone's limit either.
+    assert!(admitted <= 8192 * 5, "{admitted} of {KEYS} admitted");
+    assert!(admitted >= 8192 / 2, "{admitted} of {KEYS} admitted");
     let after = envoy.allocated_bytes();
     let growth = after.saturating_sub(before);
     eprintln!("envoy heap: {before} bytes before, {after} after {KEYS} distinct keys (+{growth})");

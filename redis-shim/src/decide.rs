@@ -18,6 +18,8 @@ pub struct Decision {
     pub results: Vec<CheckResult>,
     /// Charges on earlier slots had to be given back (cluster only).
     pub refunded: bool,
+    /// Whether every such refund reached Redis.
+    pub refund_complete: bool,
 }
 
 /// Whether every enforcing check among `indices` admits.
@@ -109,6 +111,7 @@ pub async fn decide(
     let mut charged_groups: Vec<&Vec<usize>> = Vec::new();
     let mut allowed = true;
     let mut refunded = false;
+    let mut refund_complete = true;
     for (position, group) in groups.iter().enumerate() {
         let mode = if allowed { Mode::Charge } else { Mode::Peek };
         let group_rows = match run_group(store, scripts, mode, group, keys, checks).await {
@@ -134,7 +137,7 @@ pub async fn decide(
             allowed = false;
             if position > 0 {
                 refunded = true;
-                refund(store, scripts, &charged_groups, keys, checks, &mut rows).await;
+                refund_complete = refund(store, scripts, &charged_groups, keys, checks, &mut rows).await;
             }
         }
     }
@@ -147,6 +150,7 @@ pub async fn decide(
         allowed,
         results,
         refunded,
+        refund_complete,
     })
 }
 

@@ -252,7 +252,7 @@ async fn decide_request(
         }
     };
     if decision.refunded {
-        shim.metrics.refund(true);
+        shim.metrics.refund(decision.refund_complete);
     }
     for ((check, result), key) in request.checks.iter().zip(&decision.results).zip(&keys) {
         let outcome = match (result.allowed, check.shadow) {

@@ -238,7 +238,9 @@ fn open(config: &RedisConfig) -> Result<Connection, RedisError> {
         let client = ClusterClient::builder(config.urls.iter().map(String::as_str))
             .connection_timeout(config.timeout)
             .response_timeout(config.timeout)
-            .retries(1)
+            // No retry: a charging script that ran but whose reply was lost would charge
+            // twice; the filter's failure mode handles the error instead.
+            .retries(0)
             .connection_concurrency_limit(config.max_pending)
             .build()?;
         let cluster_config = ClusterConfig::new()
