@@ -18,7 +18,7 @@ use crate::plan::PlannedCheck;
 use crate::wire::{CheckResponse, CheckResult};
 
 /// Encoded size of a slot.
-pub const RECORD_LEN: usize = 9 * 8;
+pub const RECORD_LEN: usize = 10 * 8;
 const MAX_ATTEMPTS: usize = 16;
 
 /// Access to the slot table.
@@ -53,6 +53,8 @@ pub struct SlotRecord {
     pub fallback: Bucket,
     pub deny_until_ms: u64,
     pub deny_cost: u64,
+    /// When the refused counter is full again, as the shim reported it.
+    pub deny_reset_at_ms: u64,
     pub lease_tokens: u64,
     pub lease_expires_ms: u64,
 }
@@ -67,6 +69,7 @@ impl SlotRecord {
             self.fallback.updated_ms,
             self.deny_until_ms,
             self.deny_cost,
+            self.deny_reset_at_ms,
             self.lease_tokens,
             self.lease_expires_ms,
         ];
@@ -99,8 +102,9 @@ impl SlotRecord {
             },
             deny_until_ms: word(5),
             deny_cost: word(6),
-            lease_tokens: word(7),
-            lease_expires_ms: word(8),
+            deny_reset_at_ms: word(7),
+            lease_tokens: word(8),
+            lease_expires_ms: word(9),
         }
     }
 }
@@ -289,7 +293,8 @@ pub fn before_shim(
                         allowed: false,
                         limit: check.limit,
                         remaining: 0,
-                        reset_ms: record.deny_until_ms - now_ms,
+                        // The reset the shim's refusal reported, not the retry time.
+                        reset_ms: record.deny_reset_at_ms.max(record.deny_until_ms) - now_ms,
                         retry_after_ms: record.deny_until_ms - now_ms,
                         granted: 0,
                     };
@@ -473,6 +478,7 @@ pub fn after_answer(
                 if remember_denial {
                     record.deny_until_ms = now_ms + result.retry_after_ms;
                     record.deny_cost = cost;
+                    record.deny_reset_at_ms = now_ms + result.reset_ms;
                 }
                 if let Some(lease) = lease {
                     if now_ms >= record.lease_expires_ms {
@@ -725,13 +731,18 @@ mod tests {
             &store,
             1_000,
             &mut pass,
-            &shim_answer(vec![shim_result(false, 0, 5_000)]),
+            &shim_answer(vec![CheckResult {
+                reset_ms: 60_000,
+                ..shim_result(false, 0, 5_000)
+            }]),
         );
         assert!(!merged.unwrap().allowed);
         let cached = before_shim(&config, &planned, &store, 3_000);
         assert_eq!(cached.refused, Some(0));
         assert_eq!(cached.events, [(0, Event::DenyCacheHit)]);
         assert_eq!(cached.results[0].unwrap().retry_after_ms, 3_000);
+        // The cached refusal reports the shim's reset (full at 61,000 ms), as it did.
+        assert_eq!(cached.results[0].unwrap().reset_ms, 58_000);
         // At the retry time the shim is asked again; other keys never were cached.
         assert_eq!(before_shim(&config, &planned, &store, 6_000).to_shim, [(0, 0)]);
         assert!(
