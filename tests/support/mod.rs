@@ -109,6 +109,19 @@ impl Drop for Process {
     }
 }
 
+/// One redis-cli command against a port; `None` when it fails.
+fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
+    let output = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
 pub struct Redis {
     pub port: u16,
     process: Process,
@@ -144,15 +157,7 @@ impl Redis {
     }
 
     fn try_cli(&self, args: &[&str]) -> Option<String> {
-        let output = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .ok()?;
-        output
-            .status
-            .success()
-            .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+        redis_cli(self.port, args)
     }
 
     /// Runs one redis-cli command and returns its output.
@@ -663,15 +668,7 @@ impl RedisCluster {
     }
 
     fn try_cli(&self, port: u16, args: &[&str]) -> Option<String> {
-        let output = Command::new("redis-cli")
-            .args(["-p", &port.to_string()])
-            .args(args)
-            .output()
-            .ok()?;
-        output
-            .status
-            .success()
-            .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+        redis_cli(port, args)
     }
 
     /// Runs one command on the node that owns `key` (redis-cli follows redirections).
