@@ -3,11 +3,12 @@
 //!
 //! Keys are unambiguous and carry no client data in the clear: each part is written with
 //! its kind and length before its bytes, the whole is hashed with SHA-256, and the key is
-//! `<rule name>:{<first 128 bits of the hash, hex>}`. Rule names cannot contain `:`, so
-//! two different rule/part combinations never share a counter, and an API key never
-//! reaches Redis. The hash is a Redis Cluster hash tag: the rules of one request that key
-//! on the same parts (per user per minute and per user per day, say) land in one slot and
-//! are checked in one atomic script.
+//! `<rule name>:{<first 96 bits of the hash, hex>}`: no collision in practice for
+//! billions of clients per rule, and 8 bytes less per Redis key than 128 bits. Rule
+//! names cannot contain `:`, so two different rule/part combinations never share a
+//! counter, and an API key never reaches Redis. The hash is a Redis Cluster hash tag: the
+//! rules of one request that key on the same parts (per user per minute and per user per
+//! day, say) land in one slot and are checked in one atomic script.
 
 use crate::config::Rule;
 use crate::matching::is_header_name;
@@ -136,10 +137,10 @@ pub fn counter_key(
         hasher.update(value.as_bytes());
     }
     let digest = hasher.finalize();
-    let mut key = String::with_capacity(rule.name.len() + 35);
+    let mut key = String::with_capacity(rule.name.len() + 2 * KEY_HASH_BYTES + 3);
     key.push_str(&rule.name);
     key.push_str(":{");
-    for byte in &digest[..16] {
+    for byte in &digest[..KEY_HASH_BYTES] {
         key.push(char::from(HEX[usize::from(byte >> 4)]));
         key.push(char::from(HEX[usize::from(byte & 0xf)]));
     }
@@ -148,6 +149,8 @@ pub fn counter_key(
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
+/// Bytes of the SHA-256 digest kept in a counter key.
+const KEY_HASH_BYTES: usize = 12;
 
 /// The client's IP. With no trusted hops it is the peer (`source.address`). With N
 /// trusted proxies in front of Envoy, each appended the address it saw to
@@ -278,7 +281,7 @@ pub(crate) mod tests {
         let rule = rule("per-key", vec![KeyPart::Header("x-api-key".into())]);
         let k = key(&rule, &request(&[("x-api-key", "secret-123")], None)).unwrap();
         assert!(k.starts_with("per-key:{") && k.ends_with('}'), "{k}");
-        assert_eq!(k.len(), "per-key:{}".len() + 32);
+        assert_eq!(k.len(), "per-key:{}".len() + 2 * KEY_HASH_BYTES);
         assert!(!k.contains("secret"), "raw API key leaked into {k}");
         assert_eq!(
             Some(k.clone()),
