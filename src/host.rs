@@ -291,20 +291,17 @@ impl RateLimitRequest {
                 )
             })
             .collect();
-        let answer = CheckResponse {
-            allowed: true,
-            results: known.iter().map(|(_, r)| *r).collect(),
-        };
+        let known_results: Vec<CheckResult> = known.iter().map(|(_, r)| *r).collect();
         if applied.is_empty() {
             return Outcome::Allow { headers: Vec::new() };
         }
-        for rule in shadow_refusals(&applied, &answer) {
+        for rule in shadow_refusals(&applied, &known_results) {
             log(
                 LogLevel::Info,
                 &format!("ratelimit-wasm: shadow rule {rule} would refuse this request"),
             );
         }
-        let outcome = decide(&applied, &answer, self.now_ms, &config.response)
+        let outcome = decide(&applied, &known_results, self.now_ms, &config.response)
             .unwrap_or_else(|_| response::on_shim_failure(FailureMode::Open));
         let metrics = &self.filter.metrics;
         for ((index, result), (rule, _)) in known.iter().zip(&applied) {

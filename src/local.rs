@@ -576,6 +576,15 @@ mod tests {
         conflicts: Cell<usize>,
     }
 
+    impl MapStore {
+        /// A store with every slot of `config`'s table created, as `on_configure` does.
+        fn with_slots(config: &FilterConfig) -> MapStore {
+            let store = MapStore::default();
+            create_slots(&store, config.local_slots).unwrap();
+            store
+        }
+    }
+
     impl SlotStore for MapStore {
         fn load(&self, slot: u32) -> Option<(Vec<u8>, u32)> {
             self.slots.borrow().get(&slot).cloned()
@@ -647,8 +656,7 @@ mod tests {
     #[test]
     fn a_local_rule_admits_its_limit_then_refuses_until_refilled() {
         let config = config(LOCAL_RULE, "");
-        let store = MapStore::default();
-        create_slots(&store, config.local_slots).unwrap();
+        let store = MapStore::with_slots(&config);
         let planned = plan(&config, &request("k"));
         let outcomes: Vec<bool> = (0..5)
             .map(|_| before_shim(&config, &planned, &store, 1_000).refused.is_none())
@@ -666,8 +674,7 @@ mod tests {
     #[test]
     fn a_conflicting_write_is_retried_and_never_spends_a_token_twice() {
         let config = config(LOCAL_RULE, "");
-        let store = MapStore::default();
-        create_slots(&store, config.local_slots).unwrap();
+        let store = MapStore::with_slots(&config);
         let planned = plan(&config, &request("k"));
         store.conflicts.set(3);
         let admitted = (0..10)
@@ -682,8 +689,7 @@ mod tests {
     #[test]
     fn the_table_stays_bounded_and_a_flood_of_keys_shares_its_buckets() {
         let config = config(LOCAL_RULE, "");
-        let store = MapStore::default();
-        create_slots(&store, config.local_slots).unwrap();
+        let store = MapStore::with_slots(&config);
         let admitted = (0..1_000)
             .filter(|i| {
                 let planned = plan(&config, &request(&format!("key-{i}")));
@@ -700,8 +706,7 @@ mod tests {
     #[test]
     fn a_colliding_key_cannot_refill_anothers_bucket() {
         let config = config(LOCAL_RULE, "");
-        let store = MapStore::default();
-        create_slots(&store, config.local_slots).unwrap();
+        let store = MapStore::with_slots(&config);
         let victim = plan(&config, &request("victim"));
         let slot = slot_of(fingerprint(&victim[0].check.key), config.local_slots);
         let attacker = (0..)
@@ -720,8 +725,7 @@ mod tests {
     fn a_denied_key_is_refused_locally_until_its_retry_time() {
         let rule = r#"{"name": "g", "key": [{"header": "x-api-key"}], "limit": 100, "period": "1m"}"#;
         let config = config(rule, "");
-        let store = MapStore::default();
-        create_slots(&store, config.local_slots).unwrap();
+        let store = MapStore::with_slots(&config);
         let planned = plan(&config, &request("abuser"));
         let mut pass = before_shim(&config, &planned, &store, 1_000);
         assert_eq!(pass.to_shim, [(0, 0)]);
@@ -757,8 +761,7 @@ mod tests {
         let rule = r#"{"name": "g", "key": [{"header": "x-api-key"}], "limit": 100, "period": "1m",
                        "lease": {"size": 5, "ttl": "1s"}}"#;
         let config = config(rule, "");
-        let store = MapStore::default();
-        create_slots(&store, config.local_slots).unwrap();
+        let store = MapStore::with_slots(&config);
         let planned = plan(&config, &request("k"));
         let mut pass = before_shim(&config, &planned, &store, 1_000);
         assert_eq!(pass.to_shim, [(0, 5)], "asks for a lease of 5");
@@ -803,8 +806,7 @@ mod tests {
         let rules = r#"{"name": "local", "scope": "local", "key": [{"header": "x-api-key"}], "limit": 1, "period": "1m"},
                        {"name": "global", "key": [{"header": "x-api-key"}], "limit": 10, "period": "1m"}"#;
         let config = config(rules, "");
-        let store = MapStore::default();
-        create_slots(&store, config.local_slots).unwrap();
+        let store = MapStore::with_slots(&config);
         let planned = plan(&config, &request("k"));
         let mut pass = before_shim(&config, &planned, &store, 1_000);
         assert_eq!(pass.to_shim, [(1, 0)]);

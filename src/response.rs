@@ -6,7 +6,7 @@
 //! [`Outcome`]. Shadow rules never refuse and never appear in client-facing headers.
 
 use crate::config::{FailureMode, HeaderStyle, ResponseSettings, Rule};
-use crate::wire::{Check, CheckResponse, CheckResult};
+use crate::wire::{Check, CheckResult};
 use serde_json::json;
 
 pub const RETRY_AFTER_HEADER: &str = "retry-after";
@@ -44,45 +44,38 @@ pub struct MismatchedAnswer {
 /// period reflect the client's tier).
 pub type Applied<'a> = (&'a Rule, &'a Check);
 
-/// Decides the request from the shim's answer. `applied` is in the order of the answer's
-/// results; `now_unix_ms` is the host's wall clock.
+/// Decides the request from every rule's result (the shim's, or the local layer's).
+/// `applied` is in the order of `results`; `now_unix_ms` is the host's wall clock.
 pub fn decide(
     applied: &[Applied<'_>],
-    answer: &CheckResponse,
+    results: &[CheckResult],
     now_unix_ms: u64,
     settings: &ResponseSettings,
 ) -> Result<Outcome, MismatchedAnswer> {
-    if answer.results.len() != applied.len() || applied.is_empty() {
+    if results.len() != applied.len() || applied.is_empty() {
         return Err(MismatchedAnswer {
             expected: applied.len(),
-            received: answer.results.len(),
+            received: results.len(),
         });
     }
     let enforcing: Vec<usize> = (0..applied.len()).filter(|&i| !applied[i].0.shadow).collect();
     let refusing = enforcing
         .iter()
         .copied()
-        .filter(|&i| !answer.results[i].allowed)
-        .max_by_key(|&i| answer.results[i].retry_after_ms);
-    let headers = rate_limit_headers(
-        applied,
-        &answer.results,
-        &enforcing,
-        refusing,
-        now_unix_ms,
-        settings,
-    );
+        .filter(|&i| !results[i].allowed)
+        .max_by_key(|&i| results[i].retry_after_ms);
+    let headers = rate_limit_headers(applied, results, &enforcing, refusing, now_unix_ms, settings);
     Ok(match refusing {
         None => Outcome::Allow { headers },
-        Some(index) => Outcome::Reply(refusal(applied[index], &answer.results[index], headers, settings)),
+        Some(index) => Outcome::Reply(refusal(applied[index], &results[index], headers, settings)),
     })
 }
 
 /// Names of the shadow rules that would have refused this request.
-pub fn shadow_refusals<'a>(applied: &[Applied<'a>], answer: &CheckResponse) -> Vec<&'a str> {
+pub fn shadow_refusals<'a>(applied: &[Applied<'a>], results: &[CheckResult]) -> Vec<&'a str> {
     applied
         .iter()
-        .zip(&answer.results)
+        .zip(results)
         .filter(|((rule, _), result)| rule.shadow && !result.allowed)
         .map(|((rule, _), _)| rule.name.as_str())
         .collect()
@@ -291,14 +284,7 @@ mod tests {
     fn run(rules: &[Rule], results: Vec<CheckResult>, style: HeaderStyle) -> Outcome {
         let checks: Vec<Check> = rules.iter().map(check_for).collect();
         let applied: Vec<Applied<'_>> = rules.iter().zip(&checks).collect();
-        let answer = CheckResponse {
-            allowed: results
-                .iter()
-                .zip(rules)
-                .all(|(r, rule)| r.allowed || rule.shadow),
-            results,
-        };
-        decide(&applied, &answer, NOW_MS, &settings(style)).unwrap()
+        decide(&applied, &results, NOW_MS, &settings(style)).unwrap()
     }
 
     #[test]
@@ -383,11 +369,7 @@ mod tests {
         assert_eq!(header(&headers, POLICY_HEADER), Some(r#""live";q=100;w=60"#));
         let checks: Vec<Check> = rules.iter().map(check_for).collect();
         let applied: Vec<Applied<'_>> = rules.iter().zip(&checks).collect();
-        let answer = CheckResponse {
-            allowed: true,
-            results,
-        };
-        assert_eq!(shadow_refusals(&applied, &answer), ["trial"]);
+        assert_eq!(shadow_refusals(&applied, &results), ["trial"]);
     }
 
     #[test]
@@ -402,11 +384,8 @@ mod tests {
             content_type: "text/plain".into(),
             template: "{rule}: {limit} max, retry in {retry_after}s".into(),
         });
-        let answer = CheckResponse {
-            allowed: false,
-            results: vec![result(false, 5, 0, 60_000, 2_000)],
-        };
-        let Outcome::Reply(reply) = decide(&applied, &answer, NOW_MS, &custom).unwrap() else {
+        let results = [result(false, 5, 0, 60_000, 2_000)];
+        let Outcome::Reply(reply) = decide(&applied, &results, NOW_MS, &custom).unwrap() else {
             panic!("expected a reply")
         };
         assert_eq!(reply.status, 503);
@@ -430,12 +409,8 @@ mod tests {
         let rules = [rule("a", 5, false)];
         let checks: Vec<Check> = rules.iter().map(check_for).collect();
         let applied: Vec<Applied<'_>> = rules.iter().zip(&checks).collect();
-        let answer = CheckResponse {
-            allowed: true,
-            results: vec![],
-        };
         assert_eq!(
-            decide(&applied, &answer, NOW_MS, &settings(HeaderStyle::XRateLimit)),
+            decide(&applied, &[], NOW_MS, &settings(HeaderStyle::XRateLimit)),
             Err(MismatchedAnswer {
                 expected: 1,
                 received: 0

@@ -14,16 +14,21 @@ fn config(rules: Value) -> Value {
     json!({ "shim_cluster": "ratelimit_shim", "timeout": "5s", "failure_mode": "closed", "rules": rules })
 }
 
-#[test]
-fn a_local_rule_admits_exactly_its_limit_across_worker_threads_without_the_shim() {
-    // No shim at all, and failing closed: any shim call would show as a 503.
-    let envoy = Envoy::start(
+/// Envoy with one local rule of `limit` per hour on `x-api-key`, and no shim at all:
+/// failing closed, any shim call would show as a 503.
+fn envoy_with_local_rule(limit: u64) -> Envoy {
+    Envoy::start(
         free_port(),
         &config(
             json!([{ "name": "local", "scope": "local", "key": [{ "header": "x-api-key" }],
-                         "limit": 10, "period": "1h" }]),
+                          "limit": limit, "period": "1h" }]),
         ),
-    );
+    )
+}
+
+#[test]
+fn a_local_rule_admits_exactly_its_limit_across_worker_threads_without_the_shim() {
+    let envoy = envoy_with_local_rule(10);
     let url = envoy.url("/");
     let replies = concurrently(40, move |_| get(&url, &[("x-api-key", "k")]));
     assert_eq!(count_status(&replies, 200), 10, "{replies:?}");
@@ -36,13 +41,7 @@ fn a_local_rule_admits_exactly_its_limit_across_worker_threads_without_the_shim(
 fn a_flood_of_distinct_keys_does_not_grow_envoys_memory() {
     const KEYS: usize = 100_000;
     const THREADS: usize = 8;
-    let envoy = Envoy::start(
-        free_port(),
-        &config(
-            json!([{ "name": "local", "scope": "local", "key": [{ "header": "x-api-key" }],
-                         "limit": 5, "period": "1h" }]),
-        ),
-    );
+    let envoy = envoy_with_local_rule(5);
     let url = envoy.url("/");
     for i in 0..2_000 {
         assert_ne!(get(&url, &[("x-api-key", &format!("warm-{i}"))]).status, 0);

@@ -64,9 +64,9 @@ fn decide_known(config: &FilterConfig, planned: &[ratelimit_wasm::plan::PlannedC
         .iter()
         .map(|(i, _)| (&config.rules[planned[*i].rule_index], &planned[*i].check))
         .collect();
-    let answer = CheckResponse { allowed: true, results: known.iter().map(|(_, r)| *r).collect() };
-    black_box(shadow_refusals(&applied, &answer));
-    match decide(&applied, &answer, now, &config.response).unwrap() {
+    let known_results: Vec<CheckResult> = known.iter().map(|(_, r)| *r).collect();
+    black_box(shadow_refusals(&applied, &known_results));
+    match decide(&applied, &known_results, now, &config.response).unwrap() {
         ratelimit_wasm::response::Outcome::Allow { headers } => headers.len(),
         ratelimit_wasm::response::Outcome::Reply(reply) => reply.body.len(),
     }
