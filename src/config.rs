@@ -23,6 +23,12 @@ const DEFAULT_LOCAL_SLOTS: u32 = 8192;
 /// Envoy keeps every slot for the life of the VM: bound it.
 pub const MAX_LOCAL_SLOTS: u32 = 1 << 20;
 const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_SHIM_CALLS_IN_FLIGHT: u32 = 4;
+const MAX_SHIM_CALLS_IN_FLIGHT: u32 = 64;
+
+fn default_shim_calls_in_flight() -> u32 {
+    DEFAULT_SHIM_CALLS_IN_FLIGHT
+}
 
 /// A configuration problem, naming the field (as a JSON path) and the reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,6 +112,9 @@ pub struct ShimSettings {
     pub token: Option<String>,
     /// Longest the request stays paused waiting for the shim.
     pub timeout: Duration,
+    /// Most calls to the shim one worker keeps in flight; requests arriving past it wait
+    /// for a call to finish and then go together in one batch.
+    pub calls_in_flight: u32,
 }
 
 /// What refused and allowed responses look like.
@@ -229,6 +238,8 @@ struct RawConfig {
     shim_token: Option<String>,
     #[serde(default)]
     timeout: Option<String>,
+    #[serde(default = "default_shim_calls_in_flight")]
+    shim_calls_in_flight: u32,
     #[serde(default)]
     failure_mode: FailureMode,
     #[serde(default)]
@@ -437,6 +448,12 @@ impl RawConfig {
                 ));
             }
         }
+        if !(1..=MAX_SHIM_CALLS_IN_FLIGHT).contains(&self.shim_calls_in_flight) {
+            return Err(ConfigError::new(
+                "shim_calls_in_flight",
+                format!("must be between 1 and {MAX_SHIM_CALLS_IN_FLIGHT}"),
+            ));
+        }
         if self.xff_num_trusted_hops > 16 {
             return Err(ConfigError::new(
                 "xff_num_trusted_hops",
@@ -488,6 +505,7 @@ impl RawConfig {
                 cluster: self.shim_cluster,
                 token: self.shim_token,
                 timeout,
+                calls_in_flight: self.shim_calls_in_flight,
             },
             failure_mode: self.failure_mode,
             xff_num_trusted_hops: self.xff_num_trusted_hops,
@@ -804,6 +822,7 @@ mod tests {
         assert_eq!(config.shim.cluster, "ratelimit_shim");
         assert_eq!(config.shim.authority, "ratelimit_shim");
         assert_eq!(config.shim.timeout, Duration::from_millis(250));
+        assert_eq!(config.shim.calls_in_flight, 4);
         assert_eq!(config.failure_mode, FailureMode::Closed);
         assert_eq!(config.xff_num_trusted_hops, 1);
         assert_eq!(config.jwt_payload_in_metadata, "jwt_payload");
@@ -846,6 +865,10 @@ mod tests {
                 "colour",
             ),
             (r#"{"shim_cluster": "", "rules": []}"#.to_string(), "shim_cluster"),
+            (
+                r#"{"shim_cluster": "c", "shim_calls_in_flight": 0, "rules": []}"#.to_string(),
+                "shim_calls_in_flight",
+            ),
             (r#"{"shim_cluster": "c", "rules": []}"#.to_string(), "rules"),
             (
                 r#"{"shim_cluster": "c", "timeout": "0ms", "rules": []}"#.to_string(),

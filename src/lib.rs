@@ -4,10 +4,12 @@
 //! filter (the thin host layer in [`host`]). Compiled natively, it is the pure decision
 //! logic that layer drives: configuration ([`config`]), request matching ([`matching`]),
 //! counter keys ([`keys`]), the per-request plan of checks ([`plan`]), the filter-to-shim
-//! wire format ([`wire`], also used by `redis-shim`) and the client-facing response
-//! contract ([`response`]). Nothing outside [`host`] touches the proxy-wasm host,
-//! so `cargo test` exercises every decision natively.
+//! wire format ([`wire`], also used by `redis-shim`), the coalescing of shim calls
+//! ([`batch`]) and the client-facing response contract ([`response`]). Nothing outside
+//! [`host`] touches the proxy-wasm host, so `cargo test` exercises every decision
+//! natively.
 
+pub mod batch;
 pub mod config;
 pub mod keys;
 pub mod local;

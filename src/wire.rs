@@ -21,6 +21,11 @@ use std::fmt;
 
 /// Path of the shim's check endpoint.
 pub const CHECK_PATH: &str = "/v1/check";
+/// Path of the endpoint deciding several requests' checks in one call (what the filter
+/// uses: a worker batches the requests that arrive while its calls are in flight).
+pub const CHECK_BATCH_PATH: &str = "/v1/check-batch";
+/// Most requests one batch may carry.
+pub const MAX_BATCH: usize = 32;
 /// Header carrying the shared token, when the shim requires one.
 pub const TOKEN_HEADER: &str = "x-ratelimit-token";
 /// Most checks one request may carry (one per matching rule).
@@ -114,6 +119,29 @@ pub struct CheckResponse {
     pub results: Vec<CheckResult>,
 }
 
+/// `POST /v1/check-batch` body: several requests' checks, each decided on its own (all or
+/// nothing within a request, independently across requests).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchCheckRequest {
+    pub requests: Vec<CheckRequest>,
+}
+
+/// `POST /v1/check-batch` answer: one answer per request, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchCheckResponse {
+    pub responses: Vec<BatchAnswer>,
+}
+
+/// One request's answer within a batch: decided, or why it could not be (an invalid
+/// request, Redis failing); the filter applies its failure mode to that request only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchAnswer {
+    Decided(CheckResponse),
+    Failed(String),
+}
+
 /// The state of one rule's counter after the check.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckResult {
@@ -142,6 +170,18 @@ impl fmt::Display for InvalidRequest {
 }
 
 impl std::error::Error for InvalidRequest {}
+
+impl BatchCheckRequest {
+    /// Checks the batch's own bounds; each request is validated on its own.
+    pub fn validate(&self) -> Result<(), InvalidRequest> {
+        if self.requests.is_empty() || self.requests.len() > MAX_BATCH {
+            return Err(InvalidRequest(format!(
+                "requests: must contain 1..={MAX_BATCH} requests"
+            )));
+        }
+        Ok(())
+    }
+}
 
 impl CheckRequest {
     /// Checks every bound the shim relies on, so an out-of-range request touches no key.
@@ -212,6 +252,36 @@ mod tests {
         assert_eq!(parsed.checks[0], check("r:k"));
         let again: CheckRequest = serde_json::from_str(&serde_json::to_string(&parsed).unwrap()).unwrap();
         assert_eq!(again, parsed);
+    }
+
+    #[test]
+    fn batch_answers_are_tagged() {
+        let answer = BatchCheckResponse {
+            responses: vec![
+                BatchAnswer::Decided(CheckResponse {
+                    allowed: true,
+                    results: vec![],
+                }),
+                BatchAnswer::Failed("redis: down".into()),
+            ],
+        };
+        let json = serde_json::to_string(&answer).unwrap();
+        assert_eq!(
+            json,
+            r#"{"responses":[{"decided":{"allowed":true,"results":[]}},{"failed":"redis: down"}]}"#
+        );
+        assert_eq!(serde_json::from_str::<BatchCheckResponse>(&json).unwrap(), answer);
+        let empty = BatchCheckRequest { requests: vec![] };
+        assert!(empty.validate().unwrap_err().0.contains("requests"));
+        let full = BatchCheckRequest {
+            requests: vec![
+                CheckRequest {
+                    checks: vec![check("a")]
+                };
+                MAX_BATCH + 1
+            ],
+        };
+        assert!(full.validate().is_err());
     }
 
     #[test]

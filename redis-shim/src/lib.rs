@@ -1,8 +1,9 @@
 //! redis-shim: the HTTP service that makes ratelimit-wasm's decisions global.
 //!
-//! The filter in every Envoy posts a [`CheckRequest`] to `POST /v1/check`; the shim runs
-//! all of its checks as one Lua script in Redis (read, decide and write with no gap, see
-//! [`decide`]) and answers a [`CheckResponse`]. `GET /healthz` (the process serves),
+//! A client posts a [`CheckRequest`] to `POST /v1/check`; the shim runs all of its checks
+//! as one Lua script in Redis (read, decide and write with no gap, see [`decide`]) and
+//! answers a [`CheckResponse`]. The filter posts several requests' checks at once to
+//! `POST /v1/check-batch` ([`BatchCheckRequest`]), each decided the same way. `GET /healthz` (the process serves),
 //! `GET /readyz` (Redis answers, not draining) and `GET /metrics` (Prometheus) are for
 //! operators. Shaped so tests drive the real server: [`run`] takes a bound listener and
 //! a shutdown future.
@@ -19,8 +20,12 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures_util::future::join_all;
 use metrics::{CheckOutcome, Metrics, RequestOutcome};
-use ratelimit_wasm::wire::{CheckRequest, CheckResponse, CHECK_PATH, TOKEN_HEADER};
+use ratelimit_wasm::wire::{
+    BatchAnswer, BatchCheckRequest, BatchCheckResponse, CheckRequest, CheckResponse, CHECK_BATCH_PATH,
+    CHECK_PATH, MAX_BATCH, TOKEN_HEADER,
+};
 use scripts::Scripts;
 use serde_json::json;
 use std::future::Future;
@@ -29,10 +34,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use store::{RedisConfig, Store};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// Largest check request body accepted: 16 checks with the longest keys fit in 8 KiB.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// Largest batch body accepted.
+pub const MAX_BATCH_BODY_BYTES: usize = MAX_BATCH * MAX_BODY_BYTES;
 /// Longest key prefix accepted.
 pub const MAX_PREFIX_LEN: usize = 64;
 
@@ -113,6 +120,10 @@ pub async fn run(
     });
     let app = Router::new()
         .route(CHECK_PATH, post(check))
+        .route(
+            CHECK_BATCH_PATH,
+            post(check_batch).layer(DefaultBodyLimit::max(MAX_BATCH_BODY_BYTES)),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -154,81 +165,149 @@ async fn check(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let started = Instant::now();
-    let (outcome, response) = decide_request(&shim, &headers, body).await;
+    let (outcome, response) = match admit(&shim, &headers, body, MAX_BODY_BYTES) {
+        Err((outcome, status, message)) => (outcome, error(status, message)),
+        Ok((_permit, body)) => match serde_json::from_slice::<CheckRequest>(&body) {
+            Err(e) => (
+                RequestOutcome::Invalid,
+                error(StatusCode::BAD_REQUEST, format!("invalid check request: {e}")),
+            ),
+            Ok(request) => match decide_request(&shim, &request).await {
+                Ok(answer) => (answer_outcome(&answer), Json(answer).into_response()),
+                Err((outcome, status, message)) => (outcome, error(status, message)),
+            },
+        },
+    };
     shim.metrics.request(outcome, started.elapsed());
     response
 }
 
-async fn decide_request(
-    shim: &Shim,
-    headers: &HeaderMap,
+/// Decides several requests' checks (see [`BatchCheckRequest`]): each is its own atomic
+/// decision, run concurrently, so one call carries what a worker queued. Each request
+/// is counted in the metrics as if it had come alone.
+async fn check_batch(
+    State(shim): State<Arc<Shim>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> (RequestOutcome, Response) {
-    // Past the bound, answering at once keeps latency and memory bounded; Envoy's
-    // failure mode decides what the request becomes.
-    let Ok(_permit) = shim.permits.try_acquire() else {
-        return (
-            RequestOutcome::Overloaded,
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded: too many checks in flight",
-            ),
+) -> Response {
+    let started = Instant::now();
+    let (_permit, body) = match admit(&shim, &headers, body, MAX_BATCH_BODY_BYTES) {
+        Ok(admitted) => admitted,
+        Err((outcome, status, message)) => {
+            shim.metrics.request(outcome, started.elapsed());
+            return error(status, message);
+        }
+    };
+    let batch = match serde_json::from_slice::<BatchCheckRequest>(&body)
+        .map_err(|e| format!("invalid batch: {e}"))
+        .and_then(|batch| batch.validate().map(|()| batch).map_err(|e| e.to_string()))
+    {
+        Ok(batch) => batch,
+        Err(message) => {
+            shim.metrics.request(RequestOutcome::Invalid, started.elapsed());
+            return error(StatusCode::BAD_REQUEST, message);
+        }
+    };
+    // The first request holds the permit taken on admission; the others need theirs.
+    let extra = u32::try_from(batch.requests.len() - 1).unwrap_or(u32::MAX);
+    let Ok(_more_permits) = shim.permits.try_acquire_many(extra) else {
+        shim.metrics
+            .request(RequestOutcome::Overloaded, started.elapsed());
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded: too many checks in flight",
         );
     };
-    let _in_flight = shim.metrics.in_flight();
+    let decided = join_all(
+        batch
+            .requests
+            .iter()
+            .map(|request| decide_request(&shim, request)),
+    )
+    .await;
+    let elapsed = started.elapsed();
+    let responses = decided
+        .into_iter()
+        .map(|decision| match decision {
+            Ok(answer) => {
+                shim.metrics.request(answer_outcome(&answer), elapsed);
+                BatchAnswer::Decided(answer)
+            }
+            Err((outcome, _, message)) => {
+                shim.metrics.request(outcome, elapsed);
+                BatchAnswer::Failed(message)
+            }
+        })
+        .collect();
+    Json(BatchCheckResponse { responses }).into_response()
+}
+
+fn answer_outcome(answer: &CheckResponse) -> RequestOutcome {
+    if answer.allowed {
+        RequestOutcome::Allowed
+    } else {
+        RequestOutcome::Denied
+    }
+}
+
+/// Why a check was not decided: how to count it, the HTTP status, and the message.
+type Refusal = (RequestOutcome, StatusCode, String);
+
+/// What every check call passes before its body is read: the in-flight bound, the
+/// shared token and the body's size. The permit is held until the call is answered.
+fn admit<'a>(
+    shim: &'a Shim,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    max_body_bytes: usize,
+) -> Result<(SemaphorePermit<'a>, Bytes), Refusal> {
+    // Past the bound, answering at once keeps latency and memory bounded; Envoy's
+    // failure mode decides what the request becomes.
+    let Ok(permit) = shim.permits.try_acquire() else {
+        return Err((
+            RequestOutcome::Overloaded,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded: too many checks in flight".into(),
+        ));
+    };
     if let Some(expected) = &shim.config.token {
         let presented = headers
             .get(TOKEN_HEADER)
             .map(|v| v.as_bytes())
             .unwrap_or_default();
         if !constant_time_eq(presented, expected.as_bytes()) {
-            return (
+            return Err((
                 RequestOutcome::Unauthorized,
-                error(
-                    StatusCode::UNAUTHORIZED,
-                    format!("missing or wrong {TOKEN_HEADER}"),
-                ),
-            );
+                StatusCode::UNAUTHORIZED,
+                format!("missing or wrong {TOKEN_HEADER}"),
+            ));
         }
     }
-    let body = match body {
-        Ok(body) if body.len() <= MAX_BODY_BYTES => body,
-        Ok(_) => {
-            return (
-                RequestOutcome::Invalid,
-                error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("body over {MAX_BODY_BYTES} bytes"),
-                ),
-            )
-        }
-        Err(rejection) => {
-            let status = rejection.status();
-            return (
-                RequestOutcome::Invalid,
-                error(
-                    status,
-                    format!("body over {MAX_BODY_BYTES} bytes or unreadable: {rejection}"),
-                ),
-            );
-        }
-    };
-    let request: CheckRequest = match serde_json::from_slice(&body) {
-        Ok(request) => request,
-        Err(e) => {
-            return (
-                RequestOutcome::Invalid,
-                error(StatusCode::BAD_REQUEST, format!("invalid check request: {e}")),
-            )
-        }
-    };
-    if let Err(invalid) = request.validate() {
-        return (
+    match body {
+        Ok(body) if body.len() <= max_body_bytes => Ok((permit, body)),
+        Ok(_) => Err((
             RequestOutcome::Invalid,
-            error(StatusCode::BAD_REQUEST, invalid.to_string()),
-        );
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("body over {max_body_bytes} bytes"),
+        )),
+        Err(rejection) => Err((
+            RequestOutcome::Invalid,
+            rejection.status(),
+            format!("body over {max_body_bytes} bytes or unreadable: {rejection}"),
+        )),
     }
+}
 
+/// One request's checks, validated and decided in Redis.
+async fn decide_request(shim: &Shim, request: &CheckRequest) -> Result<CheckResponse, Refusal> {
+    let _in_flight = shim.metrics.in_flight();
+    if let Err(invalid) = request.validate() {
+        return Err((
+            RequestOutcome::Invalid,
+            StatusCode::BAD_REQUEST,
+            invalid.to_string(),
+        ));
+    }
     let keys: Vec<String> = request
         .checks
         .iter()
@@ -242,13 +321,11 @@ async fn decide_request(
                 shim.metrics.refund(failure.refund_complete);
             }
             tracing::warn!(error = %failure.error, refund_complete = failure.refund_complete, "redis check failed");
-            return (
+            return Err((
                 RequestOutcome::RedisError,
-                error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("redis: {}", failure.error),
-                ),
-            );
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("redis: {}", failure.error),
+            ));
         }
     };
     if decision.refunded {
@@ -265,17 +342,10 @@ async fn decide_request(
         };
         shim.metrics.check(check.algorithm, outcome);
     }
-    let outcome = if decision.allowed {
-        RequestOutcome::Allowed
-    } else {
-        RequestOutcome::Denied
-    };
-    let response = Json(CheckResponse {
+    Ok(CheckResponse {
         allowed: decision.allowed,
         results: decision.results,
     })
-    .into_response();
-    (outcome, response)
 }
 
 /// Liveness: 200 while the process serves, whatever Redis does (restarting the shim

@@ -1,0 +1,188 @@
+//! Coalescing of shim calls within one worker: the bookkeeping, free of host calls.
+//!
+//! Each shim call costs Envoy far more CPU than the filter's own work (an async HTTP
+//! client stream, a timer, the paused request's resume), so a worker keeps at most
+//! `max_in_flight` calls open. A request that needs the shim waits in the queue; the
+//! queue is sent as one batch as soon as a call may start: at once when the worker is
+//! idle, and when a call finishes under load, carrying everything that arrived during
+//! its round trip. Every request keeps its own deadline, so queueing never makes one
+//! wait longer than the configured timeout.
+
+use crate::wire::MAX_BATCH;
+use std::collections::VecDeque;
+
+/// A request waiting for a call.
+struct Waiting<T> {
+    member: T,
+    deadline_ms: u64,
+}
+
+/// A call on its way to the shim.
+pub struct Call<T> {
+    /// The requests it carries, in the order of the batch.
+    pub members: Vec<T>,
+    pub sent_at_ms: u64,
+    pub timeout_ms: u64,
+}
+
+/// What [`Batcher::next`] hands the dispatcher.
+pub struct Next<T> {
+    /// Requests whose deadline passed while they waited: they fail as timed out.
+    pub expired: Vec<T>,
+    /// The requests to send now, with the call's timeout: the earliest deadline among them.
+    pub batch: Option<(Vec<T>, u64)>,
+}
+
+pub struct Batcher<T> {
+    queue: VecDeque<Waiting<T>>,
+    calls: Vec<(u32, Call<T>)>,
+    max_in_flight: usize,
+    wake_pending: bool,
+}
+
+impl<T> Batcher<T> {
+    pub fn new(max_in_flight: usize) -> Self {
+        Batcher {
+            queue: VecDeque::new(),
+            calls: Vec::new(),
+            max_in_flight: max_in_flight.max(1),
+            wake_pending: false,
+        }
+    }
+
+    /// Queues a request. True when the caller must wake the dispatcher: a call may start
+    /// and no wake-up is pending. Otherwise the pending wake-up or the end of a call in
+    /// flight sends it.
+    pub fn push(&mut self, member: T, deadline_ms: u64) -> bool {
+        self.queue.push_back(Waiting { member, deadline_ms });
+        let wake = !self.wake_pending && self.calls.len() < self.max_in_flight;
+        self.wake_pending |= wake;
+        wake
+    }
+
+    /// The wake-up was delivered (or could not be sent).
+    pub fn woken(&mut self) {
+        self.wake_pending = false;
+    }
+
+    /// Takes the requests to send in the next call, if one may start. `is_live` drops
+    /// requests whose HTTP stream has gone away.
+    pub fn next(&mut self, now_ms: u64, is_live: impl Fn(&T) -> bool) -> Next<T> {
+        let mut next = Next {
+            expired: Vec::new(),
+            batch: None,
+        };
+        if self.calls.len() >= self.max_in_flight {
+            return next;
+        }
+        let mut members = Vec::new();
+        let mut earliest_deadline = u64::MAX;
+        while members.len() < MAX_BATCH {
+            let Some(waiting) = self.queue.pop_front() else {
+                break;
+            };
+            if !is_live(&waiting.member) {
+                continue;
+            }
+            if waiting.deadline_ms <= now_ms {
+                next.expired.push(waiting.member);
+                continue;
+            }
+            earliest_deadline = earliest_deadline.min(waiting.deadline_ms);
+            members.push(waiting.member);
+        }
+        if !members.is_empty() {
+            next.batch = Some((members, earliest_deadline - now_ms));
+        }
+        next
+    }
+
+    /// Whether requests are waiting.
+    pub fn has_waiting(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// Records a call the host accepted, under its token.
+    pub fn sent(&mut self, token: u32, call: Call<T>) {
+        self.calls.push((token, call));
+    }
+
+    /// The call with this token, which has been answered (or has failed).
+    pub fn answered(&mut self, token: u32) -> Option<Call<T>> {
+        let position = self.calls.iter().position(|(t, _)| *t == token)?;
+        Some(self.calls.swap_remove(position).1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn call(members: Vec<u32>) -> Call<u32> {
+        Call {
+            members,
+            sent_at_ms: 0,
+            timeout_ms: 100,
+        }
+    }
+
+    #[test]
+    fn wakes_once_until_woken() {
+        let mut batcher = Batcher::new(2);
+        assert!(batcher.push(1, 100));
+        assert!(!batcher.push(2, 100), "a wake-up is already pending");
+        batcher.woken();
+        let next = batcher.next(0, |_| true);
+        let (members, timeout) = next.batch.unwrap();
+        assert_eq!(members, vec![1, 2], "both go in one call");
+        assert_eq!(timeout, 100);
+        assert!(!batcher.has_waiting());
+    }
+
+    #[test]
+    fn past_the_bound_requests_wait_for_a_call_to_end() {
+        let mut batcher = Batcher::new(1);
+        assert!(batcher.push(1, 100));
+        batcher.woken();
+        let (members, _) = batcher.next(0, |_| true).batch.unwrap();
+        batcher.sent(7, call(members));
+        assert!(!batcher.push(2, 150), "the only call is in flight");
+        assert!(!batcher.push(3, 150));
+        assert!(batcher.next(10, |_| true).batch.is_none());
+        assert_eq!(batcher.answered(7).unwrap().members, vec![1]);
+        assert!(batcher.answered(7).is_none(), "answered once");
+        let (members, timeout) = batcher.next(20, |_| true).batch.unwrap();
+        assert_eq!(members, vec![2, 3]);
+        assert_eq!(timeout, 130, "what is left of the earliest deadline");
+    }
+
+    #[test]
+    fn expired_and_dead_requests_are_not_sent() {
+        let mut batcher = Batcher::new(1);
+        batcher.push(1, 50);
+        batcher.push(2, 200);
+        batcher.push(3, 200);
+        batcher.push(4, 120);
+        let next = batcher.next(100, |member| *member != 3);
+        assert_eq!(next.expired, vec![1]);
+        assert_eq!(next.batch, Some((vec![2, 4], 20)));
+    }
+
+    #[test]
+    fn a_batch_holds_at_most_max_batch_requests() {
+        let mut batcher = Batcher::new(2);
+        for member in 0..(MAX_BATCH as u32 + 3) {
+            batcher.push(member, 100);
+        }
+        let (first, _) = batcher.next(0, |_| true).batch.unwrap();
+        assert_eq!(first.len(), MAX_BATCH);
+        batcher.sent(1, call(first));
+        let (rest, _) = batcher.next(0, |_| true).batch.unwrap();
+        assert_eq!(rest.len(), 3);
+        batcher.sent(2, call(rest));
+        batcher.push(99, 100);
+        assert!(batcher.next(0, |_| true).batch.is_none(), "two calls in flight");
+    }
+}
