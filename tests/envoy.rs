@@ -2,8 +2,12 @@
 
 mod support;
 
-use serde_json::json;
-use std::time::{SystemTime, UNIX_EPOCH};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use support::*;
 
 fn unix_now() -> u64 {
@@ -242,5 +246,145 @@ fn hostile_headers_never_crash_the_filter() {
         !stack.envoy.process.log_text().contains("panicked"),
         "{}",
         stack.envoy.process.log_text()
+    );
+}
+
+/// A TCP proxy in front of the shim that holds every connection until opened: a call
+/// made while it is closed stays in flight until the test lets it through.
+struct Gate {
+    port: u16,
+    open: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl Gate {
+    fn closed_in_front_of(target_port: u16) -> Gate {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = Arc::new((Mutex::new(false), Condvar::new()));
+        let gate = open.clone();
+        thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let gate = gate.clone();
+                thread::spawn(move || {
+                    let (lock, opened) = &*gate;
+                    drop(opened.wait_while(lock.lock().unwrap(), |open| !*open).unwrap());
+                    if let Ok(upstream) = TcpStream::connect(("127.0.0.1", target_port)) {
+                        pipe(client, upstream);
+                    }
+                });
+            }
+        });
+        Gate { port, open }
+    }
+
+    fn open(&self) {
+        *self.open.0.lock().unwrap() = true;
+        self.open.1.notify_all();
+    }
+}
+
+fn pipe(client: TcpStream, upstream: TcpStream) {
+    let (mut from_client, mut to_upstream) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+    let forward = thread::spawn(move || {
+        let _ = std::io::copy(&mut from_client, &mut to_upstream);
+        let _ = to_upstream.shutdown(Shutdown::Write);
+    });
+    let (mut to_client, mut from_upstream) = (client, upstream);
+    let _ = std::io::copy(&mut from_upstream, &mut to_client);
+    let _ = to_client.shutdown(Shutdown::Write);
+    let _ = forward.join();
+}
+
+/// One worker, at most one shim call in flight, a timeout long enough for the test.
+fn one_call_at_a_time(limit: u64) -> Value {
+    json!({
+        "shim_cluster": "ratelimit_shim",
+        "timeout": "8s",
+        "shim_calls_in_flight": 1,
+        "rules": [{ "name": "per-key", "key": [{ "header": "x-api-key" }], "limit": limit, "period": "1m" }]
+    })
+}
+
+fn paused_requests(envoy: &Envoy) -> u64 {
+    envoy.stat("http.test.downstream_rq_active")
+}
+
+#[test]
+fn requests_arriving_during_a_call_go_to_the_shim_together_and_keep_their_own_limits() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &[]);
+    let gate = Gate::closed_in_front_of(shim.port);
+    let envoy = Envoy::start_one_worker(gate.port, &one_call_at_a_time(4));
+    let url = envoy.url("/");
+    let sender = thread::spawn(move || {
+        concurrently(30, move |i| {
+            get(&url, &[("x-api-key", &format!("key-{}", i % 3))])
+        })
+    });
+    wait_until("30 requests paused in the filter", Duration::from_secs(8), || {
+        paused_requests(&envoy) == 30
+    });
+    gate.open();
+    let replies = sender.join().unwrap();
+    for key in 0..3 {
+        let statuses: Vec<u16> = replies
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 3 == key)
+            .map(|(_, reply)| reply.status)
+            .collect();
+        assert_eq!(
+            statuses.iter().filter(|s| **s == 200).count(),
+            4,
+            "key-{key}: {statuses:?}"
+        );
+        assert_eq!(
+            statuses.iter().filter(|s| **s == 429).count(),
+            6,
+            "key-{key}: {statuses:?}"
+        );
+    }
+    // The first call, then everything that queued behind it in one batch.
+    let calls = envoy.stat("cluster.ratelimit_shim.upstream_rq_total");
+    assert!((1..=2).contains(&calls), "30 requests took {calls} shim calls");
+}
+
+#[test]
+fn a_request_whose_client_leaves_while_it_waits_is_never_sent() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &[]);
+    let gate = Gate::closed_in_front_of(shim.port);
+    let envoy = Envoy::start_one_worker(gate.port, &one_call_at_a_time(10));
+    let send = |key: &'static str| {
+        let url = envoy.url("/");
+        thread::spawn(move || get(&url, &[("x-api-key", key)]))
+    };
+    let first = send("first");
+    wait_until("the first call in flight", Duration::from_secs(8), || {
+        envoy.stat("cluster.ratelimit_shim.upstream_rq_total") == 1
+    });
+    let mut leaving = TcpStream::connect(("127.0.0.1", envoy.port)).unwrap();
+    leaving
+        .write_all(b"GET / HTTP/1.1\r\nhost: test\r\nx-api-key: leaving\r\n\r\n")
+        .unwrap();
+    wait_until("the second request queued", Duration::from_secs(8), || {
+        paused_requests(&envoy) == 2
+    });
+    drop(leaving);
+    wait_until("the second request gone", Duration::from_secs(8), || {
+        paused_requests(&envoy) == 1
+    });
+    let third = send("third");
+    wait_until("the third request queued", Duration::from_secs(8), || {
+        paused_requests(&envoy) == 2
+    });
+    gate.open();
+    assert_eq!(first.join().unwrap().status, 200);
+    assert_eq!(third.join().unwrap().status, 200);
+    assert_eq!(envoy.stat("cluster.ratelimit_shim.upstream_rq_total"), 2);
+    assert_eq!(
+        redis.cli(&["DBSIZE"]),
+        "2",
+        "only the first and third keys were charged"
     );
 }

@@ -1,6 +1,6 @@
 //! The shim against real Redis: each algorithm's contract, the wire semantics shared by
 //! all of them (all or nothing, shadow checks, leases), concurrency, NOSCRIPT recovery,
-//! bad requests, the shared token, Redis AUTH and HTTP/2 cleartext.
+//! bad requests, the shared token, Redis AUTH, HTTP/2 cleartext and batches.
 
 mod support;
 
@@ -437,4 +437,51 @@ fn serves_http2_cleartext_and_http1_keep_alive() {
     for _ in 0..3 {
         assert_eq!(post_with(&agent, &url, &body).status, 200);
     }
+}
+
+#[test]
+fn a_batch_decides_each_request_on_its_own_in_order() {
+    let (redis, shim) = started();
+    let url = shim.url("/v1/check-batch");
+    let one = check_of("one", "token_bucket", 1, 60_000);
+    let batch = json!({ "requests": [
+        { "checks": [one.clone()] },
+        { "checks": [check_of("bad", "token_bucket", 0, 60_000)] },
+        // Refused by `one`, so `other` is not charged either: all or nothing per request.
+        { "checks": [one.clone(), check_of("other", "fixed_window", 5, 60_000)] },
+        { "checks": [check_of("other", "fixed_window", 5, 60_000)] },
+    ]});
+    let reply = post(&url, &[], &batch.to_string());
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    let responses = answer["responses"].as_array().unwrap();
+    assert_eq!(responses.len(), 4, "{answer}");
+    assert_eq!(responses[0]["decided"]["allowed"], true, "{answer}");
+    let failure = responses[1]["failed"].as_str().unwrap();
+    assert!(failure.contains("checks[0].limit"), "{failure}");
+    assert_eq!(responses[2]["decided"]["allowed"], false, "{answer}");
+    assert_eq!(responses[2]["decided"]["results"][1]["granted"], 0, "{answer}");
+    assert_eq!(responses[3]["decided"]["results"][0]["remaining"], 4, "{answer}");
+    assert_eq!(
+        redis.cli(&["DBSIZE"]),
+        "2",
+        "one and other; nothing for the invalid request"
+    );
+
+    let too_many = json!({ "requests": vec![json!({ "checks": [one] }); 33] });
+    let reply = post(&url, &[], &too_many.to_string());
+    assert_eq!(reply.status, 400, "{reply:?}");
+    assert!(reply.body.contains("requests"), "{reply:?}");
+}
+
+#[test]
+fn a_batch_needs_the_shared_token_too() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &["--token", "s3cret"]);
+    let url = shim.url("/v1/check-batch");
+    let body = json!({ "requests": [{ "checks": [check_of("k", "token_bucket", 5, 60_000)] }] }).to_string();
+    assert_eq!(post(&url, &[], &body).status, 401);
+    assert_eq!(redis.cli(&["DBSIZE"]), "0");
+    assert_eq!(post(&url, &[("x-ratelimit-token", "s3cret")], &body).status, 200);
+    assert_eq!(redis.cli(&["DBSIZE"]), "1");
 }

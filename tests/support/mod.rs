@@ -250,6 +250,17 @@ impl Envoy {
     /// Starts Envoy with a whole bootstrap (as JSON) whose listener is on `port` and
     /// admin on `admin_port`, both on 127.0.0.1; waits until the admin says LIVE.
     pub fn start_bootstrap(config: &Value, port: u16, admin_port: u16) -> Envoy {
+        Envoy::start_bootstrap_with_workers(config, port, admin_port, 2)
+    }
+
+    /// As [`Envoy::start`], with one worker thread: every request meets the same VM.
+    pub fn start_one_worker(shim_port: u16, plugin_config: &Value) -> Envoy {
+        let (port, admin_port) = (free_port(), free_port());
+        let config = envoy_config(port, admin_port, shim_port, plugin_config);
+        Envoy::start_bootstrap_with_workers(&config, port, admin_port, 1)
+    }
+
+    fn start_bootstrap_with_workers(config: &Value, port: u16, admin_port: u16, workers: u32) -> Envoy {
         let dir = scratch_dir("envoy");
         let config_path = dir.join("envoy.json");
         fs::write(&config_path, serde_json::to_vec_pretty(config).unwrap()).unwrap();
@@ -257,13 +268,8 @@ impl Envoy {
             Command::new(envoy_path())
                 .arg("-c")
                 .arg(&config_path)
-                .args([
-                    "--concurrency",
-                    "2",
-                    "--use-dynamic-base-id",
-                    "--log-level",
-                    "warn",
-                ])
+                .args(["--concurrency", &workers.to_string()])
+                .args(["--use-dynamic-base-id", "--log-level", "warn"])
                 .args(["--component-log-level", "wasm:info"]),
             dir.join("envoy.log"),
         );
