@@ -78,13 +78,13 @@ def wasm_filter(name, filename, plugin_config):
     }
 
 
-def ratelimit(rule_extra, limit=ADMIT_ALL, period="1s", **top):
+def ratelimit(rule_extra, limit=ADMIT_ALL, period="1s", wasm=RATELIMIT_WASM, **top):
     rule = {"name": "bench", "key": [{"header": "x-api-key"}], "limit": limit, "period": period}
     rule.update(rule_extra)
     # A generous timeout: a slow answer under closed-loop load must show as latency, not
     # as a fail-open admission that skips the shim.
     plugin = {"shim_cluster": "ratelimit_shim", "timeout": "1s", "rules": [rule], **top}
-    return [wasm_filter("ratelimit", RATELIMIT_WASM, plugin)]
+    return [wasm_filter("ratelimit", wasm, plugin)]
 
 
 NATIVE_LOCAL_RATELIMIT = {
@@ -117,6 +117,8 @@ EXPERIMENTS = [
     ("rl_global_noheaders", "exact global, no rate-limit headers", ratelimit({}, response={"headers": "none"})),
     ("rl_local_noheaders", "ratelimit-wasm local, no rate-limit headers",
      ratelimit({"scope": "local"}, response={"headers": "none"})),
+    ("rl_global_1call", "exact global, shim_calls_in_flight 1", ratelimit({}, shim_calls_in_flight=1)),
+    ("rl_global_16calls", "exact global, shim_calls_in_flight 16", ratelimit({}, shim_calls_in_flight=16)),
 ]
 H2_TO_SHIM = {"rl_global_h2"}
 
@@ -367,6 +369,9 @@ def delta(before, after):
     for name in after.stats:
         if name.startswith("wasmcustom.ratelimit.") and d(name):
             wasm[name.removeprefix("wasmcustom.ratelimit.")] = d(name)
+    # Checks sent to the shim (a call may carry several), from the filter's own counters.
+    # (`shim_calls` is the counter's name in builds before the calls were batched.)
+    checks = sum(v for k, v in wasm.items() if k.endswith((".shim_checks", ".shim_calls")))
     per = lambda x, n: x / n if n else None
     return {
         "requests": requests,
@@ -376,8 +381,10 @@ def delta(before, after):
         "redis_commands_per_req": per(sum(commands.values()), requests),
         "redis_scripts_per_req": per(scripts, requests),
         "redis_commands": commands,
-        "shim_cpu_us_per_check": per((after.shim_cpu - before.shim_cpu) / 1000, shim_calls),
-        "redis_cpu_us_per_check": per((after.redis_cpu - before.redis_cpu) / 1000, shim_calls),
+        "shim_checks": checks,
+        "checks_per_call": per(checks, shim_calls),
+        "shim_cpu_us_per_check": per((after.shim_cpu - before.shim_cpu) / 1000, checks),
+        "redis_cpu_us_per_check": per((after.redis_cpu - before.redis_cpu) / 1000, checks),
         "shim_cpu_us_per_req": per((after.shim_cpu - before.shim_cpu) / 1000, requests),
         "redis_cpu_us_per_req": per((after.redis_cpu - before.redis_cpu) / 1000, requests),
         "filter_counters": wasm,
@@ -550,7 +557,8 @@ def table(results):
     f1 = lambda v: f"{v:.1f}"
     f2 = lambda v: f"{v:.2f}"
     f3 = lambda v: f"{v:.3f}"
-    for name, description, _ in CONFIGS + EXPERIMENTS:
+    described = results.get("configs") or [(n, d) for n, d, _ in CONFIGS + EXPERIMENTS]
+    for name, description in described:
         if not any(name in run for run in runs):
             continue
         rows = [run.get(name, {}) for run in runs]
@@ -650,6 +658,8 @@ def main():
     parser.add_argument("--rate", type=int, default=2000, help="fixed rate for the latency phase")
     parser.add_argument("--evalsha-n", type=int, default=150_000, help="redis-benchmark requests (x pipeline)")
     parser.add_argument("--only", help="comma-separated configuration names")
+    parser.add_argument("--wasm-before", metavar="PATH",
+                        help="another build of the filter, measured as rl_global_before (before/after a change)")
     parser.add_argument("--skip-ceiling", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--shim-workers", type=int, help="TOKIO_WORKER_THREADS for the shim (default: one per core)")
@@ -667,11 +677,16 @@ def main():
         sys.exit("bench: needs two cores (Envoy on one, the load on the other)")
 
     OUT.mkdir(parents=True, exist_ok=True)
-    configs = [c for c in CONFIGS + EXPERIMENTS if c[0] in args.only.split(",")] if args.only else CONFIGS
+    experiments = list(EXPERIMENTS)
+    if args.wasm_before:
+        before = str(Path(args.wasm_before).resolve())
+        experiments.append(("rl_global_before", "exact global, the --wasm-before build", ratelimit({}, wasm=before)))
+    configs = [c for c in CONFIGS + experiments if c[0] in args.only.split(",")] if args.only else CONFIGS
     if args.profile:
         return profile(args, next(c for c in CONFIGS + EXPERIMENTS if c[0] == args.profile))
     procs = Processes()
-    results = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args), "runs": [], "ceiling": []}
+    results = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args), "runs": [], "ceiling": [],
+               "configs": [(n, d) for n, d, _ in CONFIGS + experiments]}
     try:
         redis = Redis(procs)
         shim = Shim(procs, redis.port, args.shim_workers)

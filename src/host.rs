@@ -90,7 +90,7 @@ enum Counter {
     DeniedLocally,
     DenyCacheHits,
     LeaseHits,
-    ShimCalls,
+    ShimChecks,
     ShimErrors,
     ShimTimeouts,
     FailedOpen,
@@ -104,7 +104,7 @@ const COUNTERS: [(Counter, &str); 11] = [
     (Counter::DeniedLocally, "denied_locally"),
     (Counter::DenyCacheHits, "deny_cache_hits"),
     (Counter::LeaseHits, "lease_hits"),
-    (Counter::ShimCalls, "shim_calls"),
+    (Counter::ShimChecks, "shim_checks"),
     (Counter::ShimErrors, "shim_errors"),
     (Counter::ShimTimeouts, "shim_timeouts"),
     (Counter::FailedOpen, "failed_open"),
@@ -674,7 +674,7 @@ impl HttpContext for RateLimitRequest {
         for &(index, _) in &state.pass.to_shim {
             filter
                 .metrics
-                .count(state.planned[index].rule_index, Counter::ShimCalls);
+                .count(state.planned[index].rule_index, Counter::ShimChecks);
         }
         let member = Member {
             context_id: self.context_id,

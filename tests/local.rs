@@ -33,7 +33,7 @@ fn a_local_rule_admits_exactly_its_limit_across_worker_threads_without_the_shim(
     let replies = concurrently(40, move |_| get(&url, &[("x-api-key", "k")]));
     assert_eq!(count_status(&replies, 200), 10, "{replies:?}");
     assert_eq!(count_status(&replies, 429), 30);
-    assert_eq!(envoy.stat("wasmcustom.ratelimit.local.shim_calls"), 0);
+    assert_eq!(envoy.stat("wasmcustom.ratelimit.local.shim_checks"), 0);
     assert_eq!(envoy.stat("wasmcustom.ratelimit.local.denied_locally"), 30);
 }
 
@@ -88,7 +88,7 @@ fn an_abusive_client_costs_no_shim_calls_after_its_first_refusal() {
     assert_eq!(refused.status, 429);
     assert!(refused.number("retry-after") >= 1);
     // 3 admitted + 1 refused by the shim; the other 27 were refused from the deny cache.
-    assert_eq!(stack.envoy.stat("wasmcustom.ratelimit.per-key.shim_calls"), 4);
+    assert_eq!(stack.envoy.stat("wasmcustom.ratelimit.per-key.shim_checks"), 4);
     assert_eq!(
         stack.envoy.stat("wasmcustom.ratelimit.per-key.deny_cache_hits"),
         27
@@ -115,7 +115,7 @@ fn leases_cut_shim_calls_and_bound_over_admission_across_two_envoys() {
     }
     let calls: u64 = envoys
         .iter()
-        .map(|e| e.stat("wasmcustom.ratelimit.leased.shim_calls"))
+        .map(|e| e.stat("wasmcustom.ratelimit.leased.shim_checks"))
         .sum();
     let lease_hits: u64 = envoys
         .iter()
