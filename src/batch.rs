@@ -102,6 +102,15 @@ impl<T> Batcher<T> {
         !self.queue.is_empty()
     }
 
+    /// Every request waiting or in flight, removed: the dispatcher is going away.
+    pub fn take_all(&mut self) -> Vec<T> {
+        let mut all: Vec<T> = self.queue.drain(..).map(|waiting| waiting.member).collect();
+        for (_, call) in self.calls.drain(..) {
+            all.extend(call.members);
+        }
+        all
+    }
+
     /// Records a call the host accepted, under its token.
     pub fn sent(&mut self, token: u32, call: Call<T>) {
         self.calls.push((token, call));
@@ -184,5 +193,9 @@ mod tests {
         batcher.sent(2, call(rest));
         batcher.push(99, 100);
         assert!(batcher.next(0, |_| true).batch.is_none(), "two calls in flight");
+        let mut all = batcher.take_all();
+        all.sort();
+        assert_eq!(all.len(), MAX_BATCH + 4, "queued and in flight alike");
+        assert!(!batcher.has_waiting() && batcher.answered(1).is_none());
     }
 }

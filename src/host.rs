@@ -7,9 +7,11 @@
 //! pure [`Outcome`] in that request's context (`set_effective_context`). The root owns
 //! the calls because Envoy cancels a context's calls when its stream ends, and the SDK
 //! delivers an answer to the context that was running when the call was made: only a
-//! root callback can start a call whose answer outlives any one request. Host calls go through `hostcalls::*`, whose `Result`s are handled
-//! here instead of the SDK trait defaults that `unwrap()` them: a panic would kill the VM
-//! for every request on this worker.
+//! root callback can start a call whose answer outlives any one request.
+//!
+//! Host calls go through `hostcalls::*`, whose `Result`s are handled here instead of the
+//! SDK trait defaults that `unwrap()` them: a panic would kill the VM for every request
+//! on this worker.
 
 use crate::batch::{Batcher, Call};
 use crate::config::{FailureMode, FilterConfig, RuleFailureMode};
@@ -349,6 +351,19 @@ impl Context for RateLimitRoot {
         }
         let _ = hostcalls::set_effective_context(self.context_id);
         filter.dispatch_waiting();
+    }
+
+    /// The plugin is going away (reconfigured or removed), and with the root its calls:
+    /// no request may stay paused behind them.
+    fn on_done(&mut self) -> bool {
+        if let Some(filter) = &self.filter {
+            let now = now_ms();
+            let left = filter.batcher.borrow_mut().take_all();
+            for member in &left {
+                filter.finish(member, now, Err(("the plugin is shutting down".into(), false)));
+            }
+        }
+        true
     }
 }
 
