@@ -24,6 +24,7 @@ LABELS = {
     "wasm_passthrough": "pass-through wasm",
     "rl_local": "ratelimit-wasm local",
     "rl_global": "ratelimit-wasm exact global",
+    "rl_global_before": "exact global, before batching",
     "rl_global_h2": "exact global, HTTP/2 to shim",
     "rl_leased": "ratelimit-wasm leased",
     "rl_abusive": "abusive client (deny cache)",
