@@ -513,7 +513,8 @@ fn istio_shim_cluster_is_the_one_istio_builds_for_the_service() {
         true
     );
 
-    // Only the gateway the plugin runs in may call the check endpoint.
+    // Only the gateway the plugin runs in may call the check endpoints, the batched one
+    // (what the filter uses) included.
     let policy = find_kind(&manifests, "AuthorizationPolicy");
     let rule = &policy["spec"]["rules"][0];
     let principal = rule["from"][0]["source"]["principals"][0].as_str().unwrap();
@@ -522,10 +523,13 @@ fn istio_shim_cluster_is_the_one_istio_builds_for_the_service() {
         principal.starts_with(&format!("cluster.local/ns/{gateway_namespace}/sa/")),
         "{principal}"
     );
-    assert_eq!(
-        rule["to"][0]["operation"]["paths"][0],
-        ratelimit_wasm::wire::CHECK_PATH
-    );
+    let paths = rule["to"][0]["operation"]["paths"].as_array().unwrap();
+    for path in [
+        ratelimit_wasm::wire::CHECK_PATH,
+        ratelimit_wasm::wire::CHECK_BATCH_PATH,
+    ] {
+        assert!(paths.iter().any(|p| p == path), "{path} missing from {paths:?}");
+    }
 
     // The external alternative: its cluster name is the one its comments give.
     let entry = find_kind(&istio("external-shim/serviceentry.yaml"), "ServiceEntry").clone();

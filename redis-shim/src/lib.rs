@@ -3,10 +3,10 @@
 //! A client posts a [`CheckRequest`] to `POST /v1/check`; the shim runs all of its checks
 //! as one Lua script in Redis (read, decide and write with no gap, see [`decide`]) and
 //! answers a [`CheckResponse`]. The filter posts several requests' checks at once to
-//! `POST /v1/check-batch` ([`BatchCheckRequest`]), each decided the same way. `GET /healthz` (the process serves),
-//! `GET /readyz` (Redis answers, not draining) and `GET /metrics` (Prometheus) are for
-//! operators. Shaped so tests drive the real server: [`run`] takes a bound listener and
-//! a shutdown future.
+//! `POST /v1/check-batch` ([`BatchCheckRequest`]), each decided the same way.
+//! `GET /healthz` (the process serves), `GET /readyz` (Redis answers, not draining) and
+//! `GET /metrics` (Prometheus) are for operators. Shaped so tests drive the real server:
+//! [`run`] takes a bound listener and a shutdown future.
 
 pub mod decide;
 pub mod metrics;
