@@ -41,7 +41,7 @@ up() {
     wait_for "Envoy" sh -c "curl -sf http://127.0.0.1:$ADMIN_PORT/ready | grep -q LIVE"
 
     echo "Redis  redis://127.0.0.1:$REDIS_PORT"
-    echo "shim   http://127.0.0.1:$SHIM_PORT  (POST /v1/check, GET /readyz, GET /metrics)"
+    echo "shim   http://127.0.0.1:$SHIM_PORT  (POST /v1/check and /v1/check-batch, GET /readyz, GET /metrics)"
     echo "Envoy  http://127.0.0.1:$ENVOY_PORT  (admin http://127.0.0.1:$ADMIN_PORT)"
     echo "logs   $RUN/"
 }
