@@ -52,14 +52,23 @@ fn config(scope: &str) -> FilterConfig {
     } else {
         r#"{"name":"bench","key":[{"header":"x-api-key"}],"limit":1000000,"period":"1s"}"#
     };
-    let json = format!(r#"{{"shim_cluster":"ratelimit_shim","timeout":"1s","local_slots":1024,"rules":[{rule}]}}"#);
+    let json =
+        format!(r#"{{"shim_cluster":"ratelimit_shim","timeout":"1s","local_slots":1024,"rules":[{rule}]}}"#);
     FilterConfig::from_json(json.as_bytes()).expect("bench config")
 }
 
 /// Decide from known results, as host.rs's `decide_known` does.
-fn decide_known(config: &FilterConfig, planned: &[ratelimit_wasm::plan::PlannedCheck], results: &[Option<CheckResult>], now: u64) -> usize {
-    let known: Vec<(usize, CheckResult)> =
-        results.iter().enumerate().filter_map(|(i, r)| r.map(|r| (i, r))).collect();
+fn decide_known(
+    config: &FilterConfig,
+    planned: &[ratelimit_wasm::plan::PlannedCheck],
+    results: &[Option<CheckResult>],
+    now: u64,
+) -> usize {
+    let known: Vec<(usize, CheckResult)> = results
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.map(|r| (i, r)))
+        .collect();
     let applied: Vec<Applied<'_>> = known
         .iter()
         .map(|(i, _)| (&config.rules[planned[*i].rule_index], &planned[*i].check))
@@ -82,7 +91,10 @@ fn one_request(config: &FilterConfig, store: &Store, now: u64, global: bool, ans
     let checks: Vec<Check> = pass
         .to_shim
         .iter()
-        .map(|&(index, lease)| Check { lease, ..planned[index].check.clone() })
+        .map(|&(index, lease)| Check {
+            lease,
+            ..planned[index].check.clone()
+        })
         .collect();
     let body = serde_json::to_vec(&CheckRequest { checks }).unwrap();
     black_box(&body);
@@ -109,7 +121,12 @@ fn run(path: &str, n: u64) {
         black_box(one_request(&config, &store, now, global, answer));
     }
     let ns = start.elapsed().as_nanos() as f64 / n as f64;
-    println!("{path:6} path: {ns:8.0} ns per request (native, logic only, {n} requests)");
+    let target = if cfg!(target_arch = "wasm32") {
+        "wasm32"
+    } else {
+        "native"
+    };
+    println!("{path:6} path: {ns:8.0} ns per request ({target}, logic only, {n} requests)");
 }
 
 fn main() {
