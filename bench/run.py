@@ -123,6 +123,8 @@ EXPERIMENTS = [
     *[(f"probe_{kind}8", f"pass-through + 8 host calls: {kind}",
        [wasm_filter("passthrough", PASSTHROUGH_WASM, f"{kind}:8")])
       for kind in ("time", "header", "shared", "set", "metric", "add_header")],
+    ("probe_pause", "pass-through, paused and resumed by the root",
+     [wasm_filter("passthrough", PASSTHROUGH_WASM, "pause:1")]),
 ]
 H2_TO_SHIM = {"rl_global_h2"}
 

@@ -7,15 +7,23 @@
 //! `header` (`get_map_value_bytes` of `x-api-key`, whose bytes the host copies into
 //! memory it asks the module to allocate), `shared` (`get_shared_data` of one key),
 //! `set` (`set_shared_data` of 80 bytes), `metric` (`increment_metric`) or `add_header`
-//! (`add_map_value` on the response, in the response callback).
+//! (`add_map_value` on the response, in the response callback). `"pause:1"` instead
+//! pauses every request and resumes it from the root context after a wake-up through a
+//! shared queue, as ratelimit-wasm does around a batched shim call, minus the call.
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType};
+use std::cell::RefCell;
+
+thread_local! {
+    /// Requests paused by the `pause` probe, waiting for the root to resume them.
+    static PAUSED: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+}
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Warn);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { probe: Probe::None }) });
+    proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> { Box::new(Root { context_id, probe: Probe::None }) });
 }}
 
 #[derive(Clone, Copy)]
@@ -27,6 +35,8 @@ enum Probe {
     Set(u32),
     Metric(u32, u32),
     AddHeader(u32),
+    /// The wake-up queue's id.
+    Pause(u32),
 }
 
 impl Probe {
@@ -48,7 +58,7 @@ impl Probe {
             Probe::Metric(n, id) => (0..n).for_each(|_| {
                 let _ = hostcalls::increment_metric(id, 1);
             }),
-            Probe::AddHeader(_) => {}
+            Probe::AddHeader(_) | Probe::Pause(_) => {}
         }
     }
 
@@ -62,6 +72,7 @@ impl Probe {
 }
 
 struct Root {
+    context_id: u32,
     probe: Probe,
 }
 
@@ -89,6 +100,10 @@ impl RootContext for Root {
                 Probe::Shared(n)
             }
             "set" => Probe::Set(n),
+            "pause" => match hostcalls::register_shared_queue(&format!("bench.pause.{}", self.context_id)) {
+                Ok(queue) => Probe::Pause(queue),
+                Err(_) => return false,
+            },
             "add_header" => Probe::AddHeader(n),
             "metric" => match hostcalls::define_metric(MetricType::Counter, "bench.probe") {
                 Ok(id) => Probe::Metric(n, id),
@@ -100,8 +115,20 @@ impl RootContext for Root {
         true
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Pass { probe: self.probe }))
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
+        for context_id in PAUSED.with(|paused| std::mem::take(&mut *paused.borrow_mut())) {
+            if hostcalls::set_effective_context(context_id).is_ok() {
+                let _ = hostcalls::resume_http_request();
+            }
+        }
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Pass {
+            context_id,
+            probe: self.probe,
+        }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -110,6 +137,7 @@ impl RootContext for Root {
 }
 
 struct Pass {
+    context_id: u32,
     probe: Probe,
 }
 
@@ -117,6 +145,17 @@ impl Context for Pass {}
 
 impl HttpContext for Pass {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if let Probe::Pause(queue) = self.probe {
+            let first = PAUSED.with(|paused| {
+                let mut paused = paused.borrow_mut();
+                paused.push(self.context_id);
+                paused.len() == 1
+            });
+            if first && hostcalls::enqueue_shared_queue(queue, Some(b"1")).is_err() {
+                return Action::Continue;
+            }
+            return Action::Pause;
+        }
         self.probe.run();
         Action::Continue
     }
