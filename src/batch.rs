@@ -6,7 +6,9 @@
 //! queue is sent as one batch as soon as a call may start: at once when the worker is
 //! idle, and when a call finishes under load, carrying everything that arrived during
 //! its round trip. Every request keeps its own deadline, so queueing never makes one
-//! wait longer than the configured timeout.
+//! wait longer than the configured timeout; and a call carries only requests whose
+//! deadlines lie close together, so one that has waited long (behind a slow shim) never
+//! cuts short the wait of those that just arrived.
 
 use crate::wire::MAX_BATCH;
 use std::collections::VecDeque;
@@ -22,14 +24,14 @@ pub struct Call<T> {
     /// The requests it carries, in the order of the batch.
     pub members: Vec<T>,
     pub sent_at_ms: u64,
-    pub timeout_ms: u64,
 }
 
 /// What [`Batcher::next`] hands the dispatcher.
 pub struct Next<T> {
     /// Requests whose deadline passed while they waited: they fail as timed out.
     pub expired: Vec<T>,
-    /// The requests to send now, with the call's timeout: the earliest deadline among them.
+    /// The requests to send now, with the call's timeout: what is left of the earliest
+    /// deadline among them.
     pub batch: Option<(Vec<T>, u64)>,
 }
 
@@ -37,17 +39,26 @@ pub struct Batcher<T> {
     queue: VecDeque<Waiting<T>>,
     calls: Vec<(u32, Call<T>)>,
     max_in_flight: usize,
+    timeout_ms: u64,
     wake_pending: bool,
 }
 
 impl<T> Batcher<T> {
-    pub fn new(max_in_flight: usize) -> Self {
+    /// At most `max_in_flight` calls at once; `timeout_ms` is each request's allowance.
+    pub fn new(max_in_flight: usize, timeout_ms: u64) -> Self {
         Batcher {
             queue: VecDeque::new(),
             calls: Vec::new(),
             max_in_flight: max_in_flight.max(1),
+            timeout_ms: timeout_ms.max(1),
             wake_pending: false,
         }
+    }
+
+    /// How far apart the deadlines in one call may lie: what a fresh request may lose of
+    /// its allowance by sharing a call with older ones.
+    fn deadline_spread_ms(&self) -> u64 {
+        (self.timeout_ms / 8).max(1)
     }
 
     /// Queues a request. True when the caller must wake the dispatcher: a call may start
@@ -76,6 +87,8 @@ impl<T> Batcher<T> {
             return next;
         }
         let mut members = Vec::new();
+        // Grouped by the first one's deadline; the call lasts until the earliest.
+        let mut first_deadline = None;
         let mut earliest_deadline = u64::MAX;
         while members.len() < MAX_BATCH {
             let Some(waiting) = self.queue.pop_front() else {
@@ -88,11 +101,19 @@ impl<T> Batcher<T> {
                 next.expired.push(waiting.member);
                 continue;
             }
+            let first = *first_deadline.get_or_insert(waiting.deadline_ms);
+            if waiting.deadline_ms > first + self.deadline_spread_ms() {
+                // Fresher than the rest: it goes in the next call, with its own allowance.
+                self.queue.push_front(waiting);
+                break;
+            }
             earliest_deadline = earliest_deadline.min(waiting.deadline_ms);
             members.push(waiting.member);
         }
         if !members.is_empty() {
-            next.batch = Some((members, earliest_deadline - now_ms));
+            // The clamp guards against the wall clock stepping back since the request came.
+            let timeout_ms = (earliest_deadline - now_ms).min(self.timeout_ms);
+            next.batch = Some((members, timeout_ms));
         }
         next
     }
@@ -133,13 +154,12 @@ mod tests {
         Call {
             members,
             sent_at_ms: 0,
-            timeout_ms: 100,
         }
     }
 
     #[test]
     fn wakes_once_until_woken() {
-        let mut batcher = Batcher::new(2);
+        let mut batcher = Batcher::new(2, 100);
         assert!(batcher.push(1, 100));
         assert!(!batcher.push(2, 100), "a wake-up is already pending");
         batcher.woken();
@@ -152,24 +172,50 @@ mod tests {
 
     #[test]
     fn past_the_bound_requests_wait_for_a_call_to_end() {
-        let mut batcher = Batcher::new(1);
+        let mut batcher = Batcher::new(1, 100);
         assert!(batcher.push(1, 100));
         batcher.woken();
         let (members, _) = batcher.next(0, |_| true).batch.unwrap();
         batcher.sent(7, call(members));
-        assert!(!batcher.push(2, 150), "the only call is in flight");
-        assert!(!batcher.push(3, 150));
+        assert!(!batcher.push(2, 105), "the only call is in flight");
+        assert!(!batcher.push(3, 110));
         assert!(batcher.next(10, |_| true).batch.is_none());
         assert_eq!(batcher.answered(7).unwrap().members, vec![1]);
         assert!(batcher.answered(7).is_none(), "answered once");
         let (members, timeout) = batcher.next(20, |_| true).batch.unwrap();
         assert_eq!(members, vec![2, 3]);
-        assert_eq!(timeout, 130, "what is left of the earliest deadline");
+        assert_eq!(timeout, 85, "what is left of the earliest deadline");
+    }
+
+    #[test]
+    fn a_call_carries_only_requests_with_close_deadlines() {
+        let mut batcher = Batcher::new(2, 100);
+        batcher.push(1, 110);
+        batcher.push(2, 122);
+        batcher.push(3, 190);
+        batcher.push(4, 195);
+        let (old, timeout) = batcher.next(100, |_| true).batch.unwrap();
+        assert_eq!((old, timeout), (vec![1, 2], 10), "within 100/8 of the first");
+        batcher.sent(1, call(vec![]));
+        let (fresh, timeout) = batcher.next(100, |_| true).batch.unwrap();
+        assert_eq!(
+            (fresh, timeout),
+            (vec![3, 4], 90),
+            "the fresh keep their own allowance"
+        );
+    }
+
+    #[test]
+    fn a_call_never_outlasts_the_allowance() {
+        let mut batcher = Batcher::new(1, 100);
+        batcher.push(1, 1_000);
+        let (_, timeout) = batcher.next(0, |_| true).batch.unwrap();
+        assert_eq!(timeout, 100, "the clock stepped back since it was queued");
     }
 
     #[test]
     fn expired_and_dead_requests_are_not_sent() {
-        let mut batcher = Batcher::new(1);
+        let mut batcher = Batcher::new(1, 100);
         batcher.push(1, 50);
         batcher.push(2, 200);
         batcher.push(3, 200);
@@ -181,7 +227,7 @@ mod tests {
 
     #[test]
     fn a_batch_holds_at_most_max_batch_requests() {
-        let mut batcher = Batcher::new(2);
+        let mut batcher = Batcher::new(2, 100);
         for member in 0..(MAX_BATCH as u32 + 3) {
             batcher.push(member, 100);
         }

@@ -231,7 +231,6 @@ impl Filter {
                     Call {
                         members,
                         sent_at_ms: now,
-                        timeout_ms,
                     },
                 );
             }
@@ -287,21 +286,24 @@ impl Filter {
     }
 }
 
-/// The shim's answer to a batch call, one entry per request sent.
-fn read_batch_answer(body_size: usize, expected: usize) -> Result<Vec<BatchAnswer>, String> {
+/// The shim's answer to a batch call, one entry per request sent; or why there is none,
+/// and whether that is the call's timeout.
+fn read_batch_answer(body_size: usize, expected: usize) -> Result<Vec<BatchAnswer>, (String, bool)> {
     let status = header_value(MapType::HttpCallResponseHeaders, ":status")
-        .ok_or("no response (call failed or timed out)")?;
+        .ok_or(("no response (the call failed)".to_string(), false))?;
     if status != "200" {
-        return Err(format!("status {status}"));
+        // Envoy answers a call that outlives its timeout with its own 504 (and a refused
+        // or reset one with 503); the shim itself never sends 504.
+        return Err((format!("status {status}"), status == "504"));
     }
     let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
         .ok()
         .flatten()
         .unwrap_or_default();
     let answer: BatchCheckResponse =
-        serde_json::from_slice(&body).map_err(|e| format!("unreadable answer: {e}"))?;
+        serde_json::from_slice(&body).map_err(|e| (format!("unreadable answer: {e}"), false))?;
     if answer.responses.len() != expected {
-        return Err("answer does not match the request".into());
+        return Err(("answer does not match the request".into(), false));
     }
     Ok(answer.responses)
 }
@@ -340,10 +342,7 @@ impl Context for RateLimitRoot {
                     filter.finish(member, now, answer);
                 }
             }
-            Err(reason) => {
-                // Envoy's timer and the wall clock disagree by a few ms: a failure at 90%
-                // of the timeout or later is the timeout (refusals and resets come sooner).
-                let timed_out = elapsed_ms * 10 >= call.timeout_ms * 9;
+            Err((reason, timed_out)) => {
                 for member in &call.members {
                     filter.finish(member, now, Err((reason.clone(), timed_out)));
                 }
@@ -412,7 +411,10 @@ impl RootContext for RateLimitRoot {
             &format!("ratelimit-wasm: configured with {} rule(s)", config.rules.len()),
         );
         let metrics = Metrics::define(&config);
-        let batcher = RefCell::new(Batcher::new(config.shim.calls_in_flight as usize));
+        let batcher = RefCell::new(Batcher::new(
+            config.shim.calls_in_flight as usize,
+            config.shim.timeout.as_millis() as u64,
+        ));
         self.filter = Some(Rc::new(Filter {
             config,
             metrics,
@@ -434,6 +436,8 @@ impl RootContext for RateLimitRoot {
     fn on_tick(&mut self) {
         if let Some(filter) = &self.filter {
             if filter.batcher.borrow().has_waiting() {
+                // Were a wake-up lost, the pending flag would hold back every later one.
+                filter.batcher.borrow_mut().woken();
                 filter.dispatch_waiting();
             }
         }

@@ -295,11 +295,13 @@ fn pipe(client: TcpStream, upstream: TcpStream) {
     let _ = forward.join();
 }
 
-/// One worker, at most one shim call in flight, a timeout long enough for the test.
+/// One worker, at most one shim call in flight, a timeout long enough for the test. At
+/// 60 s, the root's safety-net tick (half the timeout) never fires within a test, so a
+/// request that fails to wake the dispatcher fails the test's waits.
 fn one_call_at_a_time(limit: u64) -> Value {
     json!({
         "shim_cluster": "ratelimit_shim",
-        "timeout": "8s",
+        "timeout": "60s",
         "shim_calls_in_flight": 1,
         "rules": [{ "name": "per-key", "key": [{ "header": "x-api-key" }], "limit": limit, "period": "1m" }]
     })
@@ -387,4 +389,39 @@ fn a_request_whose_client_leaves_while_it_waits_is_never_sent() {
         "2",
         "only the first and third keys were charged"
     );
+}
+
+#[test]
+fn requests_queued_behind_a_call_that_never_returns_fail_within_their_timeout() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &[]);
+    let gate = Gate::closed_in_front_of(shim.port);
+    let mut config = one_call_at_a_time(10);
+    config["timeout"] = json!("1s");
+    config["failure_mode"] = json!("closed");
+    let envoy = Envoy::start_one_worker(gate.port, &config);
+    let url = envoy.url("/");
+    let first = thread::spawn({
+        let url = url.clone();
+        move || get(&url, &[("x-api-key", "first")])
+    });
+    wait_until("the first call in flight", Duration::from_secs(8), || {
+        envoy.stat("cluster.ratelimit_shim.upstream_rq_total") == 1
+    });
+    let queued =
+        thread::spawn(move || concurrently(3, move |i| get(&url, &[("x-api-key", &format!("queued-{i}"))])));
+    let mut statuses = vec![first.join().unwrap().status];
+    statuses.extend(queued.join().unwrap().iter().map(|reply| reply.status));
+    assert_eq!(statuses, vec![503; 4], "every one failed closed");
+    assert_eq!(
+        envoy.stat("wasmcustom.ratelimit.per-key.shim_timeouts"),
+        4,
+        "{}",
+        get(
+            &format!("http://127.0.0.1:{}/stats?filter=ratelimit", envoy.admin_port),
+            &[]
+        )
+        .body
+    );
+    assert_eq!(paused_requests(&envoy), 0);
 }

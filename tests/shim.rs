@@ -443,9 +443,12 @@ fn serves_http2_cleartext_and_http1_keep_alive() {
 fn a_batch_decides_each_request_on_its_own_in_order() {
     let (redis, shim) = started();
     let url = shim.url("/v1/check-batch");
+    // Exhausted beforehand: the batch's requests run concurrently, so none of them may
+    // depend on another's effect.
     let one = check_of("one", "token_bucket", 1, 60_000);
+    assert_eq!(decide_one(&shim, &one)["allowed"], true);
     let batch = json!({ "requests": [
-        { "checks": [one.clone()] },
+        { "checks": [check_of("fresh", "token_bucket", 3, 60_000)] },
         { "checks": [check_of("bad", "token_bucket", 0, 60_000)] },
         // Refused by `one`, so `other` is not charged either: all or nothing per request.
         { "checks": [one.clone(), check_of("other", "fixed_window", 5, 60_000)] },
@@ -456,7 +459,7 @@ fn a_batch_decides_each_request_on_its_own_in_order() {
     let answer: Value = serde_json::from_str(&reply.body).unwrap();
     let responses = answer["responses"].as_array().unwrap();
     assert_eq!(responses.len(), 4, "{answer}");
-    assert_eq!(responses[0]["decided"]["allowed"], true, "{answer}");
+    assert_eq!(responses[0]["decided"]["results"][0]["remaining"], 2, "{answer}");
     let failure = responses[1]["failed"].as_str().unwrap();
     assert!(failure.contains("checks[0].limit"), "{failure}");
     assert_eq!(responses[2]["decided"]["allowed"], false, "{answer}");
@@ -464,14 +467,72 @@ fn a_batch_decides_each_request_on_its_own_in_order() {
     assert_eq!(responses[3]["decided"]["results"][0]["remaining"], 4, "{answer}");
     assert_eq!(
         redis.cli(&["DBSIZE"]),
-        "2",
-        "one and other; nothing for the invalid request"
+        "3",
+        "one, fresh and other; nothing for the invalid request"
     );
 
     let too_many = json!({ "requests": vec![json!({ "checks": [one] }); 33] });
     let reply = post(&url, &[], &too_many.to_string());
     assert_eq!(reply.status, 400, "{reply:?}");
     assert!(reply.body.contains("requests"), "{reply:?}");
+}
+
+#[test]
+fn a_full_batch_is_not_held_to_the_single_check_body_limit() {
+    let (redis, shim) = started();
+    let requests: Vec<Value> = (0..32)
+        .map(|request| {
+            let checks: Vec<Value> = (0..4)
+                .map(|check| {
+                    let key = format!("{request:02}-{check}-{}", "k".repeat(190));
+                    check_of(&key, "token_bucket", 5, 60_000)
+                })
+                .collect();
+            json!({ "checks": checks })
+        })
+        .collect();
+    let body = json!({ "requests": requests }).to_string();
+    assert!(body.len() > 16 * 1024, "{} bytes", body.len());
+    let reply = post(&shim.url("/v1/check-batch"), &[], &body);
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    let allowed = answer["responses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|response| response["decided"]["allowed"] == true)
+        .count();
+    assert_eq!(allowed, 32, "{answer}");
+    assert_eq!(redis.cli(&["DBSIZE"]), "128");
+}
+
+#[test]
+fn a_batch_larger_than_the_in_flight_bound_decides_what_fits() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &["--max-in-flight", "2"]);
+    let requests: Vec<Value> = (0..5)
+        .map(|n| json!({ "checks": [check_of(&format!("k{n}"), "token_bucket", 5, 60_000)] }))
+        .collect();
+    let reply = post(
+        &shim.url("/v1/check-batch"),
+        &[],
+        &json!({ "requests": requests }).to_string(),
+    );
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    let responses = answer["responses"].as_array().unwrap();
+    assert_eq!(responses[0]["decided"]["allowed"], true, "{answer}");
+    assert_eq!(responses[1]["decided"]["allowed"], true, "{answer}");
+    for refused in &responses[2..] {
+        let reason = refused["failed"].as_str().unwrap_or_default();
+        assert!(reason.contains("overloaded"), "{answer}");
+    }
+    assert_eq!(redis.cli(&["DBSIZE"]), "2", "the refused were not charged");
+    let metrics = get(&shim.url("/metrics"), &[]).body;
+    assert!(
+        metrics.contains(r#"rlshim_requests_total{outcome="overloaded"} 3"#),
+        "{metrics}"
+    );
 }
 
 #[test]

@@ -209,24 +209,21 @@ async fn check_batch(
         }
     };
     // The first request holds the permit taken on admission; the others need theirs.
-    let extra = u32::try_from(batch.requests.len() - 1).unwrap_or(u32::MAX);
-    let Ok(_more_permits) = shim.permits.try_acquire_many(extra) else {
-        shim.metrics
-            .request(RequestOutcome::Overloaded, started.elapsed());
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "overloaded: too many checks in flight",
-        );
-    };
-    let decided = join_all(
-        batch
-            .requests
-            .iter()
-            .map(|request| decide_request(&shim, request)),
-    )
-    .await;
+    // Those that find none are refused one by one, as if each had come alone, so a
+    // bound below the batch size still decides what it can.
+    let wanted = batch.requests.len() - 1;
+    let mut extra_permits = Vec::with_capacity(wanted);
+    while extra_permits.len() < wanted {
+        let Ok(permit) = shim.permits.try_acquire() else {
+            break;
+        };
+        extra_permits.push(permit);
+    }
+    let (admitted, refused) = batch.requests.split_at(1 + extra_permits.len());
+    let decided = join_all(admitted.iter().map(|request| decide_request(&shim, request))).await;
+    drop(extra_permits);
     let elapsed = started.elapsed();
-    let responses = decided
+    let mut responses: Vec<BatchAnswer> = decided
         .into_iter()
         .map(|decision| match decision {
             Ok(answer) => {
@@ -239,6 +236,10 @@ async fn check_batch(
             }
         })
         .collect();
+    for _ in refused {
+        shim.metrics.request(RequestOutcome::Overloaded, elapsed);
+        responses.push(BatchAnswer::Failed(OVERLOADED.into()));
+    }
     Json(BatchCheckResponse { responses }).into_response()
 }
 
@@ -249,6 +250,8 @@ fn answer_outcome(answer: &CheckResponse) -> RequestOutcome {
         RequestOutcome::Denied
     }
 }
+
+const OVERLOADED: &str = "overloaded: too many checks in flight";
 
 /// Why a check was not decided: how to count it, the HTTP status, and the message.
 type Refusal = (RequestOutcome, StatusCode, String);
@@ -267,7 +270,7 @@ fn admit<'a>(
         return Err((
             RequestOutcome::Overloaded,
             StatusCode::SERVICE_UNAVAILABLE,
-            "overloaded: too many checks in flight".into(),
+            OVERLOADED.into(),
         ));
     };
     if let Some(expected) = &shim.config.token {
