@@ -191,7 +191,7 @@ async fn check_batch(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let started = Instant::now();
-    let (_permit, body) = match admit(&shim, &headers, body, MAX_BATCH_BODY_BYTES) {
+    let (mut permit, body) = match admit(&shim, &headers, body, MAX_BATCH_BODY_BYTES) {
         Ok(admitted) => admitted,
         Err((outcome, status, message)) => {
             shim.metrics.request(outcome, started.elapsed());
@@ -208,20 +208,17 @@ async fn check_batch(
             return error(StatusCode::BAD_REQUEST, message);
         }
     };
-    // The first request holds the permit taken on admission; the others need theirs.
+    // The permit taken on admission covers the first request; the others need theirs.
     // Those that find none are refused one by one, as if each had come alone, so a
     // bound below the batch size still decides what it can.
-    let wanted = batch.requests.len() - 1;
-    let mut extra_permits = Vec::with_capacity(wanted);
-    while extra_permits.len() < wanted {
-        let Ok(permit) = shim.permits.try_acquire() else {
+    while permit.num_permits() < batch.requests.len() {
+        let Ok(more) = shim.permits.try_acquire() else {
             break;
         };
-        extra_permits.push(permit);
+        permit.merge(more);
     }
-    let (admitted, refused) = batch.requests.split_at(1 + extra_permits.len());
+    let (admitted, refused) = batch.requests.split_at(permit.num_permits());
     let decided = join_all(admitted.iter().map(|request| decide_request(&shim, request))).await;
-    drop(extra_permits);
     let elapsed = started.elapsed();
     let mut responses: Vec<BatchAnswer> = decided
         .into_iter()
