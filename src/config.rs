@@ -596,7 +596,7 @@ impl RawRule {
         let limit = compile_limit(field("limit"), self.limit, self.algorithm)?;
         let period_ms = compile_period(field("period"), &self.period)?;
         let check_whole = |field: String, period_ms: u64| {
-            if whole_seconds && period_ms % 1000 != 0 {
+            if whole_seconds && !period_ms.is_multiple_of(1000) {
                 return Err(ConfigError::new(
                     field,
                     "must be whole seconds with ietf-draft headers (their window `w` is in seconds)",

@@ -256,12 +256,11 @@ fn compose_envoy_config() -> Value {
     config
 }
 
-/// Every socket address moved to 127.0.0.1: listener, admin, and the shim's cluster.
-fn localize(config: &mut Value, port: u16, admin_port: u16, shim_port: u16) {
-    config["static_resources"]["listeners"][0]["address"]["socket_address"] =
-        json!({ "address": "127.0.0.1", "port_value": port });
-    config["admin"]["address"]["socket_address"] =
-        json!({ "address": "127.0.0.1", "port_value": admin_port });
+/// Every socket address moved to 127.0.0.1: listener and admin on ports Envoy picks, and
+/// the shim's cluster.
+fn localize(config: &mut Value, shim_port: u16) {
+    config["static_resources"]["listeners"][0]["address"] = loopback(0);
+    config["admin"]["address"] = loopback(0);
     let cluster = &mut config["static_resources"]["clusters"][0];
     cluster["type"] = json!("STATIC");
     cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"] =
@@ -317,10 +316,9 @@ fn shell_quote(text: &str) -> String {
 fn compose_stack_runs_locally_with_passing_health_checks() {
     let redis = Redis::start();
     let shim = Shim::start(&redis.url(), &[]);
-    let (port, admin_port) = (free_port(), free_port());
     let mut config = compose_envoy_config();
-    localize(&mut config, port, admin_port, shim.port);
-    let envoy = Envoy::start_bootstrap(&config, port, admin_port);
+    localize(&mut config, shim.port);
+    let envoy = Envoy::start_bootstrap(&config);
 
     // The health checks, pointed at the local processes' ports.
     let redis_check = health_command("redis").replace("redis-cli", &format!("redis-cli -p {}", redis.port));
@@ -331,13 +329,13 @@ fn compose_stack_runs_locally_with_passing_health_checks() {
         &shim_check.replace("/8400", &format!("/{}", shim.port))
     ));
     assert!(
-        !run_health_check(&shim_check.replace("/8400", &format!("/{}", free_port()))),
+        !run_health_check(&shim_check.replace("/8400", &format!("/{}", refusing_port()))),
         "the shim's check must fail when nothing answers"
     );
     let envoy_check = health_command("envoy");
     assert!(envoy_check.contains("/9901"), "{envoy_check}");
     assert!(run_health_check(
-        &envoy_check.replace("/9901", &format!("/{admin_port}"))
+        &envoy_check.replace("/9901", &format!("/{}", envoy.admin_port))
     ));
 
     // The demo rule: 10 per minute per x-api-key.
@@ -415,10 +413,10 @@ fn istio_wasm_filter(plugin: &Value) -> Value {
 
 /// A bootstrap with Istio's filter and a cluster carrying the name Istio gives the shim's
 /// Service, its endpoint on 127.0.0.1.
-fn istio_bootstrap(port: u16, admin_port: u16, shim_port: u16) -> Value {
+fn istio_bootstrap(shim_port: u16) -> Value {
     let plugin = wasm_plugin();
     let cluster = plugin["spec"]["pluginConfig"]["shim_cluster"].as_str().unwrap();
-    let mut config = envoy_config(port, admin_port, shim_port, &json!({}));
+    let mut config = envoy_config(shim_port, &json!({}));
     let hcm =
         &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
     hcm["http_filters"][0] = istio_wasm_filter(&plugin);
@@ -430,7 +428,7 @@ fn istio_bootstrap(port: u16, admin_port: u16, shim_port: u16) -> Value {
 
 #[test]
 fn istio_wasm_plugin_shape_passes_envoy_validation() {
-    let output = validate(&istio_bootstrap(free_port(), free_port(), free_port()));
+    let output = validate(&istio_bootstrap(refusing_port()));
     let rules = wasm_plugin()["spec"]["pluginConfig"]["rules"]
         .as_array()
         .unwrap()
@@ -446,8 +444,7 @@ fn istio_wasm_plugin_shape_passes_envoy_validation() {
 fn istio_shape_runs_every_rule_through_the_shim() {
     let redis = Redis::start();
     let shim = Shim::start(&redis.url(), &[]);
-    let (port, admin_port) = (free_port(), free_port());
-    let envoy = Envoy::start_bootstrap(&istio_bootstrap(port, admin_port, shim.port), port, admin_port);
+    let envoy = Envoy::start_bootstrap(&istio_bootstrap(shim.port));
     let reply = get(&envoy.url("/"), &[("x-api-key", "istio-client")]);
     assert_eq!(reply.status, 200, "{reply:?}");
     // Headers come only from a shim answer: failing open would leave them out.

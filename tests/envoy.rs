@@ -104,7 +104,7 @@ fn counter_key_in_redis_has_a_ttl_and_no_raw_api_key() {
 
 #[test]
 fn unreachable_shim_applies_the_failure_mode_without_hanging() {
-    let dead_port = free_port();
+    let dead_port = refusing_port();
     for (mode, expected) in [("open", 200), ("closed", 503)] {
         let config = json!({
             "shim_cluster": "ratelimit_shim",

@@ -18,7 +18,7 @@ fn config(rules: Value) -> Value {
 /// failing closed, any shim call would show as a 503.
 fn envoy_with_local_rule(limit: u64) -> Envoy {
     Envoy::start(
-        free_port(),
+        refusing_port(),
         &config(
             json!([{ "name": "local", "scope": "local", "key": [{ "header": "x-api-key" }],
                           "limit": limit, "period": "1h" }]),
@@ -181,15 +181,20 @@ fn failure_mode_config(timeout: &str) -> Value {
     })
 }
 
+/// Longest a request may take in the failure-mode tests. Their plugin timeouts are at
+/// most 1 s; a request left paused would wait for the test client's 30 s. Anything in
+/// between is an answer given per the failure mode, on however loaded a machine.
+const NOT_HUNG: Duration = Duration::from_secs(10);
+
 /// Sends one request per mode (a fresh key each time) and checks each answers as its
-/// mode says, within the timeout plus slack: no request is left paused.
+/// mode says, without being left paused.
 fn assert_failure_modes(envoy: &Envoy, round: &str, local_expected: &[u16]) {
     let url = envoy.url("/");
     let timed = |header: &str, key: &str| {
         let started = Instant::now();
         let reply = get(&url, &[(header, key)]);
         assert!(
-            started.elapsed() < Duration::from_secs(3),
+            started.elapsed() < NOT_HUNG,
             "{header} took {:?}",
             started.elapsed()
         );
@@ -222,21 +227,19 @@ fn assert_recovered(envoy: &Envoy) {
 #[test]
 fn killing_and_restarting_redis_applies_each_failure_mode_then_recovers() {
     let mut stack = Stack::start(&failure_mode_config("1s"));
-    let redis_port = stack.redis.port;
     assert_eq!(get(&stack.envoy.url("/"), &[("x-closed", "before")]).status, 200);
     stack.redis.stop();
     assert_failure_modes(&stack.envoy, "redis-down", &[200, 200, 200, 429]);
-    stack.redis = Redis::start_on(redis_port);
+    stack.redis.restart();
     assert_recovered(&stack.envoy);
 }
 
 #[test]
 fn killing_and_restarting_the_shim_applies_each_failure_mode_then_recovers() {
-    let mut stack = Stack::start(&failure_mode_config("1s"));
-    let shim_port = stack.shim.port;
-    stack.shim.process.kill();
+    let mut stack = Stack::start_restartable(&failure_mode_config("1s"));
+    stack.shim.kill();
     assert_failure_modes(&stack.envoy, "shim-down", &[200, 200, 200, 429]);
-    stack.shim = Shim::start_on(shim_port, &stack.redis.url(), &[]);
+    stack.shim.restart();
     assert_recovered(&stack.envoy);
 }
 
@@ -275,12 +278,11 @@ fn traffic_during_a_redis_outage_never_hangs() {
     wait_until("traffic", Duration::from_secs(5), || {
         stack.envoy.stat("wasmcustom.ratelimit.closed.allowed") > 20
     });
-    let redis_port = stack.redis.port;
     stack.redis.stop();
     wait_until("refusals while Redis is down", Duration::from_secs(5), || {
         stack.envoy.stat("wasmcustom.ratelimit.closed.failed_closed") > 20
     });
-    stack.redis = Redis::start_on(redis_port);
+    stack.redis.restart();
     let allowed_before = stack.envoy.stat("wasmcustom.ratelimit.closed.allowed");
     wait_until("admissions after Redis returns", Duration::from_secs(10), || {
         stack.envoy.stat("wasmcustom.ratelimit.closed.allowed") > allowed_before + 20
@@ -292,19 +294,16 @@ fn traffic_during_a_redis_outage_never_hangs() {
         "{statuses:?}"
     );
     let slowest = statuses.iter().map(|(_, d)| *d).max().unwrap();
-    assert!(slowest < Duration::from_secs(3), "a request took {slowest:?}");
+    assert!(slowest < NOT_HUNG, "a request took {slowest:?}");
 }
 
 #[test]
 fn a_shim_cluster_with_no_healthy_endpoint_applies_each_failure_mode() {
-    let dead_port = free_port();
-    let envoy = Envoy::start_with(|port, admin_port| {
-        let mut bootstrap = envoy_config(port, admin_port, dead_port, &failure_mode_config("500ms"));
-        let cluster = &mut bootstrap["static_resources"]["clusters"][0];
-        cluster["health_checks"] = json!([{ "timeout": "0.1s", "interval": "0.2s", "unhealthy_threshold": 1,
-                                            "healthy_threshold": 1, "tcp_health_check": {} }]);
-        cluster["common_lb_config"] = json!({ "healthy_panic_threshold": { "value": 0 } });
-        bootstrap
-    });
+    let mut bootstrap = envoy_config(refusing_port(), &failure_mode_config("500ms"));
+    let cluster = &mut bootstrap["static_resources"]["clusters"][0];
+    cluster["health_checks"] = json!([{ "timeout": "0.1s", "interval": "0.2s", "unhealthy_threshold": 1,
+                                        "healthy_threshold": 1, "tcp_health_check": {} }]);
+    cluster["common_lb_config"] = json!({ "healthy_panic_threshold": { "value": 0 } });
+    let envoy = Envoy::start_bootstrap(&bootstrap);
     assert_failure_modes(&envoy, "no-healthy-endpoint", &[200, 200, 200, 429]);
 }

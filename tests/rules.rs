@@ -215,14 +215,6 @@ fn a_custom_status_body_and_draft_headers_reach_the_client() {
     assert!(retry_after >= t, "Retry-After {retry_after} earlier than t={t}");
 }
 
-/// Redis's clock in milliseconds.
-fn redis_now_ms(redis: &Redis) -> u64 {
-    let time = redis.cli(&["TIME"]);
-    let mut parts = time.lines().map(|l| l.trim().parse::<u64>().unwrap());
-    let (seconds, micros) = (parts.next().unwrap(), parts.next().unwrap());
-    seconds * 1000 + micros / 1000
-}
-
 /// Sends `limit` requests late in one window and `limit` early in the next, returning
 /// how many of each burst were admitted. A burst that a slow machine stretched across a
 /// window boundary proves nothing: the attempt is repeated on a fresh key.
@@ -232,7 +224,7 @@ fn boundary_burst(algorithm: &str, limit: u64) -> (usize, usize) {
         { "name": "burst", "key": [{ "header": "x-api-key" }], "algorithm": algorithm, "limit": limit, "period": "2s" }
     ])));
     let url = stack.envoy.url("/");
-    let window = || redis_now_ms(&stack.redis) / PERIOD_MS;
+    let window = || stack.redis.time_ms() / PERIOD_MS;
     for attempt in 0..3 {
         let key = format!("k{attempt}");
         // Admitted count, and whether the burst stayed inside one window.
@@ -244,12 +236,12 @@ fn boundary_burst(algorithm: &str, limit: u64) -> (usize, usize) {
             (admitted, window() == start)
         };
         wait_until("late in a window", Duration::from_secs(5), || {
-            (1_300..1_500).contains(&(redis_now_ms(&stack.redis) % PERIOD_MS))
+            (1_300..1_500).contains(&(stack.redis.time_ms() % PERIOD_MS))
         });
         let late_window = window();
         let (late, late_in_one_window) = burst();
         wait_until("early in the next window", Duration::from_secs(5), || {
-            redis_now_ms(&stack.redis) % PERIOD_MS < 400
+            stack.redis.time_ms() % PERIOD_MS < 400
         });
         let next_is_adjacent = window() == late_window + 1;
         let (early, early_in_one_window) = burst();

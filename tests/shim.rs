@@ -433,7 +433,7 @@ fn serves_http2_cleartext_and_http1_keep_alive() {
             "{text}"
         );
     }
-    let agent = keep_alive_agent();
+    let agent = agent();
     for _ in 0..3 {
         assert_eq!(post_with(&agent, &url, &body).status, 200);
     }

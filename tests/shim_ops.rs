@@ -25,20 +25,20 @@ fn sample(metrics: &str, name_and_labels: &str) -> f64 {
         .unwrap()
 }
 
-fn metrics(shim: &Shim) -> String {
+fn metrics(shim: &impl ShimEndpoint) -> String {
     let reply = get(&shim.url("/metrics"), &[]);
     assert_eq!(reply.status, 200);
     reply.body
 }
 
-fn wait_for_in_flight(shim: &Shim, count: u64) {
+fn wait_for_in_flight(shim: &impl ShimEndpoint, count: u64) {
     wait_until("checks in flight", Duration::from_secs(10), || {
         sample(&metrics(shim), "rlshim_in_flight") as u64 == count
     });
 }
 
 /// Posts one check per thread, each on its own connection, and returns the threads.
-fn post_in_background(shim: &Shim, count: usize) -> Vec<std::thread::JoinHandle<Reply>> {
+fn post_in_background(shim: &impl ShimEndpoint, count: usize) -> Vec<std::thread::JoinHandle<Reply>> {
     (0..count)
         .map(|i| {
             let url = shim.url("/v1/check");
@@ -50,7 +50,7 @@ fn post_in_background(shim: &Shim, count: usize) -> Vec<std::thread::JoinHandle<
 #[test]
 fn readiness_follows_redis_and_checks_fail_fast_without_it() {
     let mut redis = Redis::start();
-    let shim = Shim::start(&redis.url(), &[]);
+    let shim = Shim::start(&redis.url(), &["--redis-timeout-ms", "10000"]);
     assert_eq!(get(&shim.url("/readyz"), &[]).status, 200);
     assert_eq!(get(&shim.url("/healthz"), &[]).status, 200);
     redis.stop();
@@ -61,9 +61,10 @@ fn readiness_follows_redis_and_checks_fail_fast_without_it() {
     let reply = post(&shim.url("/v1/check"), &[], &check_body("k"));
     assert_eq!(reply.status, 503, "{reply:?}");
     assert!(reply.body.contains("redis"), "{}", reply.body);
-    // Generous: guards against hanging, does not measure speed.
+    // "Fast" means the refused connection answers, not the 10 s Redis timeout: the
+    // bound is half of that timeout, whatever the machine's speed.
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(5),
         "{:?}",
         started.elapsed()
     );
@@ -72,7 +73,7 @@ fn readiness_follows_redis_and_checks_fail_fast_without_it() {
 #[test]
 fn blackholed_redis_fails_checks_fast_with_flat_memory_then_recovers() {
     let redis = Redis::start();
-    let shim = Shim::start(&redis.url(), &["--redis-timeout-ms", "20"]);
+    let shim = ShimProcess::start(&redis.url(), &["--redis-timeout-ms", "20"]);
     let url = shim.url("/v1/check");
     assert_eq!(post(&url, &[], &check_body("k")).status, 200);
     redis.process().signal("STOP");
@@ -95,9 +96,12 @@ fn blackholed_redis_fails_checks_fast_with_flat_memory_then_recovers() {
     eprintln!(
         "10,000 checks against a blackholed Redis in {elapsed:?}; shim RSS {rss_before} KiB -> {rss_after} KiB"
     );
-    // 100 checks per connection, each bounded by the 20 ms timeout: seconds at most,
-    // unless something hangs.
+    // 100 checks per connection, one after another, each bounded by the 20 ms timeout:
+    // 2 s if every check waits its whole timeout. Fifteen times that still fails a check
+    // that hangs (it would wait for the client's 30 s), and leaves a loaded machine room.
     assert!(elapsed < Duration::from_secs(30), "{elapsed:?}");
+    // The regression kept about 260 bytes per unanswered check, 2.5 MiB over these
+    // 10,000: the bound sits well below that and well above allocator noise.
     assert!(
         rss_after < rss_before + 1_536,
         "RSS grew from {rss_before} KiB to {rss_after} KiB"
@@ -137,7 +141,7 @@ fn checks_past_the_in_flight_bound_get_503_at_once() {
 #[test]
 fn sigterm_answers_every_check_in_flight_then_exits() {
     let redis = Redis::start();
-    let mut shim = Shim::start(&redis.url(), &["--redis-timeout-ms", "10000"]);
+    let mut shim = ShimProcess::start(&redis.url(), &["--redis-timeout-ms", "10000"]);
     // Stopping Redis holds the checks in flight, so SIGTERM surely arrives during them.
     redis.process().signal("STOP");
     let in_flight = post_in_background(&shim, 20);
@@ -161,7 +165,7 @@ fn sigterm_answers_every_check_in_flight_then_exits() {
 #[test]
 fn sigterm_gives_up_on_checks_after_the_shutdown_timeout() {
     let redis = Redis::start();
-    let mut shim = Shim::start(
+    let mut shim = ShimProcess::start(
         &redis.url(),
         &["--redis-timeout-ms", "30000", "--shutdown-timeout-ms", "300"],
     );
@@ -282,7 +286,7 @@ fn parse_prometheus(text: &str) -> HashMap<String, f64> {
 #[test]
 fn metrics_parse_as_prometheus_text_and_count_what_happened() {
     let redis = Redis::start();
-    let shim = Shim::start(&redis.url(), &[]);
+    let shim = ShimProcess::start(&redis.url(), &[]);
     let url = shim.url("/v1/check");
     let window = check_of("m", "fixed_window", 2, 60_000);
     let shadow = with(
@@ -331,7 +335,7 @@ fn metrics_parse_as_prometheus_text_and_count_what_happened() {
 #[test]
 fn json_logs_are_one_object_per_line() {
     let redis = Redis::start();
-    let shim = Shim::start(&redis.url(), &["--log-format", "json"]);
+    let shim = ShimProcess::start(&redis.url(), &["--log-format", "json"]);
     let shadow = with(
         check_of("s", "fixed_window", 1, 60_000),
         "shadow",

@@ -8,6 +8,7 @@
 //! `GET /metrics` (Prometheus) are for operators. Shaped so tests drive the real server:
 //! [`run`] takes a bound listener and a shutdown future.
 
+pub mod cli;
 pub mod decide;
 pub mod metrics;
 pub mod scripts;

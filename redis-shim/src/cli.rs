@@ -1,0 +1,84 @@
+//! The shim's command line: flags and environment variables into a [`ShimConfig`].
+//!
+//! In the library, not the binary, so tests start the shim in-process with exactly the
+//! flags an operator would pass.
+
+use crate::store::RedisConfig;
+use crate::ShimConfig;
+use clap::{Parser, ValueEnum};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Runs ratelimit-wasm's checks as atomic Lua scripts in Redis.
+///
+/// Every flag can also be set by the environment variable shown with it.
+#[derive(Parser, Debug)]
+#[command(name = "redis-shim", version, about)]
+pub struct Args {
+    /// Address to listen on (HTTP/1.1 and HTTP/2 cleartext). Loopback by default:
+    /// expose it deliberately.
+    #[arg(long, env = "RLSHIM_LISTEN", default_value = "127.0.0.1:8400")]
+    pub listen: SocketAddr,
+    /// Redis URL: redis:// or rediss:// (TLS), with user:password@ for AUTH. In cluster
+    /// mode, the seed nodes, comma-separated.
+    #[arg(
+        long,
+        env = "RLSHIM_REDIS_URL",
+        default_value = "redis://127.0.0.1:8401",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub redis_url: Vec<String>,
+    /// A standalone Redis, or a Redis Cluster.
+    #[arg(long, env = "RLSHIM_REDIS_MODE", value_enum, default_value_t = RedisMode::Standalone)]
+    pub redis_mode: RedisMode,
+    /// Timeout of each Redis operation, in milliseconds.
+    #[arg(long, env = "RLSHIM_REDIS_TIMEOUT_MS", default_value_t = 50)]
+    pub redis_timeout_ms: u64,
+    /// Prefix of every Redis key the shim writes (no braces).
+    #[arg(long, env = "RLSHIM_KEY_PREFIX", default_value = "rl:")]
+    pub key_prefix: String,
+    /// Shared token that callers must send in x-ratelimit-token.
+    #[arg(long, env = "RLSHIM_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Most check requests decided at once; more are answered 503 immediately.
+    #[arg(long, env = "RLSHIM_MAX_IN_FLIGHT", default_value_t = 1024)]
+    pub max_in_flight: usize,
+    /// After SIGTERM, longest wait for the checks in flight, in milliseconds.
+    #[arg(long, env = "RLSHIM_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
+    pub shutdown_timeout_ms: u64,
+    /// Log lines as human-readable text or as JSON objects. Levels: RUST_LOG.
+    #[arg(long, env = "RLSHIM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RedisMode {
+    Standalone,
+    Cluster,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Args {
+    /// What [`crate::run`] needs; the listen address and log format stay with the caller.
+    pub fn shim_config(&self) -> ShimConfig {
+        ShimConfig {
+            redis: RedisConfig {
+                urls: self.redis_url.clone(),
+                cluster: self.redis_mode == RedisMode::Cluster,
+                timeout: Duration::from_millis(self.redis_timeout_ms),
+                // Each check in flight awaits at most one Redis command at a time.
+                max_pending: self.max_in_flight,
+            },
+            key_prefix: self.key_prefix.clone(),
+            token: self.token.clone(),
+            max_in_flight: self.max_in_flight,
+            shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
+        }
+    }
+}

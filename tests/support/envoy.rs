@@ -1,0 +1,220 @@
+//! Real Envoy loading the built `.wasm`: bootstraps, start-up on ports Envoy picks itself
+//! (read back from its admin), stats, and `--mode validate`.
+
+use super::http::get;
+use super::process::{built, repo_root, scratch, wait_until, Process};
+use serde_json::{json, Value};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Longest Envoy may take to load the filter and report LIVE, on a loaded machine.
+const STARTUP: Duration = Duration::from_secs(60);
+
+pub fn wasm_path() -> PathBuf {
+    built("target/wasm32-wasip1/release/ratelimit_wasm.wasm")
+}
+
+pub fn envoy_path() -> PathBuf {
+    match std::env::var_os("ENVOY_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => built(".venv/bin/envoy"),
+    }
+}
+
+pub struct Envoy {
+    pub port: u16,
+    pub admin_port: u16,
+    pub process: Process,
+}
+
+impl Envoy {
+    /// Starts Envoy with the filter configured by `plugin_config`, calling the shim on
+    /// `shim_port`, with a route that answers 200 itself.
+    pub fn start(shim_port: u16, plugin_config: &Value) -> Envoy {
+        Envoy::start_bootstrap(&envoy_config(shim_port, plugin_config))
+    }
+
+    /// As [`Envoy::start`], with other HTTP filters (e.g. `jwt_authn`) before ours.
+    pub fn start_with_filters(shim_port: u16, plugin_config: &Value, filters_before: &[Value]) -> Envoy {
+        Envoy::start_bootstrap(&envoy_config_with_filters(
+            shim_port,
+            plugin_config,
+            filters_before,
+        ))
+    }
+
+    /// As [`Envoy::start`], with one worker thread: every request meets the same VM.
+    pub fn start_one_worker(shim_port: u16, plugin_config: &Value) -> Envoy {
+        Envoy::start_bootstrap_with_workers(&envoy_config(shim_port, plugin_config), 1)
+    }
+
+    /// Starts Envoy with a whole bootstrap (as JSON); its first listener and the admin
+    /// are on 127.0.0.1, on ports it picks (port 0) or the bootstrap sets.
+    pub fn start_bootstrap(config: &Value) -> Envoy {
+        Envoy::start_bootstrap_with_workers(config, 2)
+    }
+
+    fn start_bootstrap_with_workers(config: &Value, workers: u32) -> Envoy {
+        let dir = scratch("envoy");
+        let config_path = dir.join("envoy.json");
+        let admin_address_path = dir.join("admin-address");
+        fs::write(&config_path, serde_json::to_vec_pretty(config).unwrap()).unwrap();
+        let mut process = Process::spawn(
+            Command::new(envoy_path())
+                .arg("-c")
+                .arg(&config_path)
+                .arg("--admin-address-path")
+                .arg(&admin_address_path)
+                .args(["--concurrency", &workers.to_string()])
+                .args(["--use-dynamic-base-id", "--log-level", "warn"])
+                .args(["--component-log-level", "wasm:info"]),
+            dir.join("envoy.log"),
+        );
+        let mut admin_port = None;
+        wait_until("envoy admin", STARTUP, || {
+            assert!(!process.exited(), "envoy exited:\n{}", process.log_text());
+            admin_port = fs::read_to_string(&admin_address_path)
+                .ok()
+                .and_then(|address| address.trim().rsplit(':').next()?.parse().ok());
+            admin_port.is_some()
+        });
+        let admin_port = admin_port.unwrap();
+        let admin = |path: &str| get(&format!("http://127.0.0.1:{admin_port}{path}"), &[]);
+        wait_until("envoy", STARTUP, || admin("/ready").body.trim() == "LIVE");
+        let listeners: Value = serde_json::from_str(&admin("/listeners?format=json").body).unwrap();
+        let port = listeners["listener_statuses"][0]["local_address"]["socket_address"]["port_value"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no listener port in {listeners}")) as u16;
+        Envoy {
+            port,
+            admin_port,
+            process,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    /// A counter or gauge from the admin `/stats`, 0 when absent.
+    pub fn stat(&self, name: &str) -> u64 {
+        let stats = get(&format!("http://127.0.0.1:{}/stats", self.admin_port), &[]).body;
+        stats
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(": ")?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Bytes allocated by Envoy's heap, from the admin `/memory`.
+    pub fn allocated_bytes(&self) -> u64 {
+        let memory = get(&format!("http://127.0.0.1:{}/memory", self.admin_port), &[]).body;
+        let json: Value = serde_json::from_str(&memory).unwrap();
+        json["allocated"].as_str().unwrap().parse().unwrap()
+    }
+}
+
+/// A loopback address; port 0 lets the kernel pick.
+pub fn loopback(port: u16) -> Value {
+    json!({ "socket_address": { "address": "127.0.0.1", "port_value": port } })
+}
+
+/// An Envoy bootstrap (as JSON) with the filter in front of a direct 200 response; the
+/// listener and admin on ports Envoy picks.
+pub fn envoy_config(shim_port: u16, plugin_config: &Value) -> Value {
+    envoy_config_with_filters(shim_port, plugin_config, &[])
+}
+
+/// As [`envoy_config`], with `filters_before` ahead of the rate-limit filter.
+pub fn envoy_config_with_filters(shim_port: u16, plugin_config: &Value, filters_before: &[Value]) -> Value {
+    let mut http_filters: Vec<Value> = filters_before.to_vec();
+    http_filters.push(wasm_filter(plugin_config));
+    http_filters.push(json!({ "name": "envoy.filters.http.router",
+        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" } }));
+    json!({
+        "static_resources": {
+            "listeners": [{
+                "name": "test",
+                "address": loopback(0),
+                "filter_chains": [{ "filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "test",
+                        "route_config": { "virtual_hosts": [{
+                            "name": "test", "domains": ["*"],
+                            "routes": [{ "match": { "prefix": "/" },
+                                         "direct_response": { "status": 200, "body": { "inline_string": "ok" } } }]
+                        }]},
+                        "http_filters": http_filters
+                    }
+                }]}]
+            }],
+            "clusters": [{
+                "name": "ratelimit_shim",
+                "type": "STATIC",
+                "connect_timeout": "0.25s",
+                // As envoy.yaml: HTTP/2 cleartext to the shim.
+                "typed_extension_protocol_options": { "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                    "explicit_http_config": { "http2_protocol_options": {} } } },
+                "load_assignment": { "cluster_name": "ratelimit_shim",
+                    "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": loopback(shim_port) } }] }] }
+            }]
+        },
+        "admin": { "address": loopback(0) }
+    })
+}
+
+pub fn wasm_filter(plugin_config: &Value) -> Value {
+    json!({
+        "name": "envoy.filters.http.wasm",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": "ratelimit",
+                "root_id": "ratelimit",
+                "vm_config": {
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": { "local": { "filename": wasm_path() } }
+                },
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": plugin_config.to_string()
+                }
+            }
+        }
+    })
+}
+
+/// Runs `envoy --mode validate` on a config file; returns (success, output).
+pub fn envoy_validate(config_path: &Path) -> (bool, String) {
+    let output = Command::new(envoy_path())
+        .arg("--mode")
+        .arg("validate")
+        .arg("-c")
+        .arg(config_path)
+        .args(["--log-level", "info", "--use-dynamic-base-id"])
+        .current_dir(repo_root())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// Validates an Envoy config built around `plugin_config`. Validation binds and connects
+/// to nothing, so the shim port is a placeholder.
+pub fn envoy_validate_plugin(plugin_config: &Value) -> (bool, String) {
+    let path = scratch("validate").join("envoy.json");
+    fs::write(
+        &path,
+        serde_json::to_vec(&envoy_config(1, plugin_config)).unwrap(),
+    )
+    .unwrap();
+    envoy_validate(&path)
+}
