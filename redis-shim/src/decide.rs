@@ -9,7 +9,7 @@
 
 use crate::scripts::{check_invocation, refund_invocation, Mode, Row, Scripts};
 use crate::store::{Store, StoreError};
-use ratelimit_wasm::wire::{Check, CheckResult};
+use ratelimit_wire::{Check, CheckResult};
 
 /// What the shim answers for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]

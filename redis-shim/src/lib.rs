@@ -23,7 +23,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::future::join_all;
 use metrics::{CheckOutcome, Metrics, RequestOutcome};
-use ratelimit_wasm::wire::{
+use ratelimit_wire::{
     BatchAnswer, BatchCheckRequest, BatchCheckResponse, CheckRequest, CheckResponse, CHECK_BATCH_PATH,
     CHECK_PATH, MAX_BATCH, TOKEN_HEADER,
 };

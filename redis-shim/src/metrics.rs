@@ -1,7 +1,7 @@
 //! The shim's Prometheus metrics: plain atomics, rendered in the text exposition format
 //! on `GET /metrics`. Fixed label sets, so nothing grows with traffic.
 
-use ratelimit_wasm::wire::Algorithm;
+use ratelimit_wire::Algorithm;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;

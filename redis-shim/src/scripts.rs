@@ -8,7 +8,7 @@
 //! algorithms atomically. `redis::Script` loads it again when Redis answers NOSCRIPT
 //! (after a restart or `SCRIPT FLUSH`).
 
-use ratelimit_wasm::wire::{Check, CheckResult};
+use ratelimit_wire::{Check, CheckResult};
 use redis::{Script, ScriptInvocation};
 
 macro_rules! with_algorithms {
@@ -162,7 +162,7 @@ pub fn parse_rows(rows: Vec<Vec<i64>>, expected: usize) -> Result<Vec<Row>, Malf
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ratelimit_wasm::wire::Algorithm;
+    use ratelimit_wire::Algorithm;
 
     fn check(limit: u64) -> Check {
         Check {
