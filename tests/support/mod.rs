@@ -6,7 +6,7 @@
 //! slept for; every wait has a limit sized for a loaded two-core machine. Binaries come
 //! from `make build`; Envoy from `.venv` (or `ENVOY_BIN`).
 #![allow(dead_code)] // each test binary uses its own subset
-#![allow(unused_imports)]
+#![allow(unused_imports)] // and so not every re-export below
 
 pub mod envoy;
 pub mod fixtures;
