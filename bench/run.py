@@ -665,7 +665,8 @@ def main():
     parser.add_argument("--evalsha-n", type=int, default=150_000, help="redis-benchmark requests (x pipeline)")
     parser.add_argument("--only", help="comma-separated configuration names")
     parser.add_argument("--wasm-before", metavar="PATH",
-                        help="another build of the filter, measured as rl_global_before (before/after a change)")
+                        help="another build of the filter, measured as rl_global_before and rl_local_before "
+                             "(before/after a change)")
     parser.add_argument("--skip-ceiling", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--shim-workers", type=int, help="TOKIO_WORKER_THREADS for the shim (default: one per core)")
@@ -687,6 +688,8 @@ def main():
     if args.wasm_before:
         before = str(Path(args.wasm_before).resolve())
         experiments.append(("rl_global_before", "exact global, the --wasm-before build", ratelimit({}, wasm=before)))
+        experiments.append(("rl_local_before", "scope local, the --wasm-before build",
+                            ratelimit({"scope": "local"}, wasm=before)))
     configs = [c for c in CONFIGS + experiments if c[0] in args.only.split(",")] if args.only else CONFIGS
     if args.profile:
         return profile(args, next(c for c in CONFIGS + EXPERIMENTS if c[0] == args.profile))

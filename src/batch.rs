@@ -30,9 +30,16 @@ pub struct Call<T> {
 pub struct Next<T> {
     /// Requests whose deadline passed while they waited: they fail as timed out.
     pub expired: Vec<T>,
-    /// The requests to send now, with the call's timeout: what is left of the earliest
-    /// deadline among them.
-    pub batch: Option<(Vec<T>, u64)>,
+    /// The requests to send now, if a call may start.
+    pub batch: Option<Batch<T>>,
+}
+
+/// Requests to send in one call.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Batch<T> {
+    pub members: Vec<T>,
+    /// The call's timeout: what is left of the earliest deadline among them.
+    pub timeout_ms: u64,
 }
 
 pub struct Batcher<T> {
@@ -113,7 +120,7 @@ impl<T> Batcher<T> {
         if !members.is_empty() {
             // The clamp guards against the wall clock stepping back since the request came.
             let timeout_ms = (earliest_deadline - now_ms).min(self.timeout_ms);
-            next.batch = Some((members, timeout_ms));
+            next.batch = Some(Batch { members, timeout_ms });
         }
         next
     }
@@ -164,7 +171,10 @@ mod tests {
         assert!(!batcher.push(2, 100), "a wake-up is already pending");
         batcher.woken();
         let next = batcher.next(0, |_| true);
-        let (members, timeout) = next.batch.unwrap();
+        let Batch {
+            members,
+            timeout_ms: timeout,
+        } = next.batch.unwrap();
         assert_eq!(members, vec![1, 2], "both go in one call");
         assert_eq!(timeout, 100);
         assert!(!batcher.has_waiting());
@@ -175,14 +185,17 @@ mod tests {
         let mut batcher = Batcher::new(1, 100);
         assert!(batcher.push(1, 100));
         batcher.woken();
-        let (members, _) = batcher.next(0, |_| true).batch.unwrap();
+        let Batch { members, .. } = batcher.next(0, |_| true).batch.unwrap();
         batcher.sent(7, call(members));
         assert!(!batcher.push(2, 105), "the only call is in flight");
         assert!(!batcher.push(3, 110));
         assert!(batcher.next(10, |_| true).batch.is_none());
         assert_eq!(batcher.answered(7).unwrap().members, vec![1]);
         assert!(batcher.answered(7).is_none(), "answered once");
-        let (members, timeout) = batcher.next(20, |_| true).batch.unwrap();
+        let Batch {
+            members,
+            timeout_ms: timeout,
+        } = batcher.next(20, |_| true).batch.unwrap();
         assert_eq!(members, vec![2, 3]);
         assert_eq!(timeout, 85, "what is left of the earliest deadline");
     }
@@ -194,10 +207,16 @@ mod tests {
         batcher.push(2, 122);
         batcher.push(3, 190);
         batcher.push(4, 195);
-        let (old, timeout) = batcher.next(100, |_| true).batch.unwrap();
+        let Batch {
+            members: old,
+            timeout_ms: timeout,
+        } = batcher.next(100, |_| true).batch.unwrap();
         assert_eq!((old, timeout), (vec![1, 2], 10), "within 100/8 of the first");
         batcher.sent(1, call(vec![]));
-        let (fresh, timeout) = batcher.next(100, |_| true).batch.unwrap();
+        let Batch {
+            members: fresh,
+            timeout_ms: timeout,
+        } = batcher.next(100, |_| true).batch.unwrap();
         assert_eq!(
             (fresh, timeout),
             (vec![3, 4], 90),
@@ -209,7 +228,9 @@ mod tests {
     fn a_call_never_outlasts_the_allowance() {
         let mut batcher = Batcher::new(1, 100);
         batcher.push(1, 1_000);
-        let (_, timeout) = batcher.next(0, |_| true).batch.unwrap();
+        let Batch {
+            timeout_ms: timeout, ..
+        } = batcher.next(0, |_| true).batch.unwrap();
         assert_eq!(timeout, 100, "the clock stepped back since it was queued");
     }
 
@@ -222,7 +243,13 @@ mod tests {
         batcher.push(4, 120);
         let next = batcher.next(100, |member| *member != 3);
         assert_eq!(next.expired, vec![1]);
-        assert_eq!(next.batch, Some((vec![2, 4], 20)));
+        assert_eq!(
+            next.batch,
+            Some(Batch {
+                members: vec![2, 4],
+                timeout_ms: 20
+            })
+        );
     }
 
     #[test]
@@ -231,10 +258,10 @@ mod tests {
         for member in 0..(MAX_BATCH as u32 + 3) {
             batcher.push(member, 100);
         }
-        let (first, _) = batcher.next(0, |_| true).batch.unwrap();
+        let Batch { members: first, .. } = batcher.next(0, |_| true).batch.unwrap();
         assert_eq!(first.len(), MAX_BATCH);
         batcher.sent(1, call(first));
-        let (rest, _) = batcher.next(0, |_| true).batch.unwrap();
+        let Batch { members: rest, .. } = batcher.next(0, |_| true).batch.unwrap();
         assert_eq!(rest.len(), 3);
         batcher.sent(2, call(rest));
         batcher.push(99, 100);

@@ -10,8 +10,7 @@
 //! rules of one request that key on the same parts (per user per minute and per user per
 //! day, say) land in one slot and are checked in one atomic script.
 
-use crate::config::Rule;
-use crate::matching::is_header_name;
+use crate::attributes::{is_header_name, RequestAttributes};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::net::{IpAddr, SocketAddr};
@@ -83,25 +82,6 @@ impl KeyPart {
     }
 }
 
-/// What the filter needs to know about a request; the host layer implements it over
-/// Envoy's header map and properties, tests over plain values.
-pub trait RequestAttributes {
-    /// The value of a request header (lower-case name), if present.
-    fn header(&self, name: &str) -> Option<String>;
-    /// Envoy's `source.address` property: `ip:port` or `[v6]:port`.
-    fn source_address(&self) -> Option<String>;
-    /// A claim of the verified JWT, rendered as text.
-    fn jwt_claim(&self, name: &str) -> Option<String>;
-    /// The `:path` pseudo-header.
-    fn path(&self) -> Option<String> {
-        self.header(":path")
-    }
-    /// The `:method` pseudo-header.
-    fn method(&self) -> Option<String> {
-        self.header(":method")
-    }
-}
-
 /// The value of one key part for this request, if it has one.
 pub fn part_value(
     part: &KeyPart,
@@ -122,33 +102,34 @@ pub fn part_value(
     (!value.is_empty()).then_some(value)
 }
 
-/// The counter key of `rule` for this request, or `None` when the request lacks one of
-/// the rule's parts (the rule then does not apply to it).
+/// The counter key of the rule named `rule_name`, keyed on `parts`, for this request;
+/// `None` when the request lacks one of the parts (the rule then does not apply to it).
 pub fn counter_key(
-    rule: &Rule,
+    rule_name: &str,
+    parts: &[KeyPart],
     request: &impl RequestAttributes,
     xff_num_trusted_hops: u32,
 ) -> Option<String> {
     let mut hasher = Sha256::new();
-    for part in &rule.key {
+    for part in parts {
         let value = part_value(part, request, xff_num_trusted_hops)?;
         hasher.update([part.tag()]);
         hasher.update((value.len() as u64).to_be_bytes());
         hasher.update(value.as_bytes());
     }
     let digest = hasher.finalize();
-    let mut key = String::with_capacity(rule.name.len() + 2 * KEY_HASH_BYTES + 3);
-    key.push_str(&rule.name);
+    let mut key = String::with_capacity(rule_name.len() + 2 * KEY_HASH_BYTES + 3);
+    key.push_str(rule_name);
     key.push_str(":{");
-    for byte in &digest[..KEY_HASH_BYTES] {
-        key.push(char::from(HEX[usize::from(byte >> 4)]));
-        key.push(char::from(HEX[usize::from(byte & 0xf)]));
+    let hex = |nibble: u8| char::from_digit(u32::from(nibble), 16).unwrap_or('0');
+    for byte in digest.iter().take(KEY_HASH_BYTES) {
+        key.push(hex(byte >> 4));
+        key.push(hex(byte & 0xf));
     }
     key.push('}');
     Some(key)
 }
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
 /// Bytes of the SHA-256 digest kept in a counter key.
 const KEY_HASH_BYTES: usize = 12;
 
@@ -184,66 +165,12 @@ pub fn parse_ip(address: &str) -> Option<IpAddr> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     // On wasm32 the same tests run under wasm-bindgen-test (Node).
-    use crate::matching::RequestMatch;
-    use crate::wire::Algorithm;
-    use std::collections::HashMap;
+    use crate::attributes::fake::FakeRequest;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-
-    /// A request made of plain values, for the pure logic's tests.
-    #[derive(Debug, Clone, Default)]
-    pub(crate) struct FakeRequest {
-        pub headers: HashMap<String, String>,
-        pub claims: HashMap<String, String>,
-        pub source: Option<String>,
-        pub method: String,
-        pub path: String,
-    }
-
-    impl FakeRequest {
-        pub fn get(path: &str) -> FakeRequest {
-            FakeRequest {
-                method: "GET".into(),
-                path: path.into(),
-                source: Some("192.0.2.1:40000".into()),
-                ..FakeRequest::default()
-            }
-        }
-
-        pub fn with_header(mut self, name: &str, value: &str) -> FakeRequest {
-            self.headers.insert(name.into(), value.into());
-            self
-        }
-
-        pub fn with_claim(mut self, name: &str, value: &str) -> FakeRequest {
-            self.claims.insert(name.into(), value.into());
-            self
-        }
-
-        pub fn from(mut self, source: Option<&str>) -> FakeRequest {
-            self.source = source.map(str::to_string);
-            self
-        }
-    }
-
-    impl RequestAttributes for FakeRequest {
-        fn header(&self, name: &str) -> Option<String> {
-            match name {
-                ":path" => Some(self.path.clone()),
-                ":method" => Some(self.method.clone()),
-                _ => self.headers.get(name).cloned(),
-            }
-        }
-        fn source_address(&self) -> Option<String> {
-            self.source.clone()
-        }
-        fn jwt_claim(&self, name: &str) -> Option<String> {
-            self.claims.get(name).cloned()
-        }
-    }
 
     fn request(headers: &[(&str, &str)], source: Option<&str>) -> FakeRequest {
         headers
@@ -253,27 +180,18 @@ pub(crate) mod tests {
             })
     }
 
-    pub(crate) fn rule(name: &str, key: Vec<KeyPart>) -> Rule {
-        Rule {
-            name: name.into(),
-            key,
-            matcher: RequestMatch::default(),
-            algorithm: Algorithm::TokenBucket,
-            limit: 5,
-            period_ms: 60_000,
-            tiers: vec![],
-            cost: 1,
-            costs: vec![],
-            shadow: false,
-            scope: crate::config::Scope::Global,
-            local: None,
-            lease: None,
-            on_failure: crate::config::RuleFailureMode::Open,
-        }
+    /// A rule's name and key parts, all a counter key depends on.
+    struct KeyedRule {
+        name: &'static str,
+        parts: Vec<KeyPart>,
     }
 
-    fn key(rule: &Rule, request: &FakeRequest) -> Option<String> {
-        counter_key(rule, request, 0)
+    fn rule(name: &'static str, parts: Vec<KeyPart>) -> KeyedRule {
+        KeyedRule { name, parts }
+    }
+
+    fn key(rule: &KeyedRule, request: &FakeRequest) -> Option<String> {
+        counter_key(rule.name, &rule.parts, request, 0)
     }
 
     #[test]
@@ -324,7 +242,7 @@ pub(crate) mod tests {
         assert_ne!(key(&by_header, &req), key(&by_constant, &req));
     }
 
-    fn rule_with(key: Vec<KeyPart>) -> Rule {
+    fn rule_with(key: Vec<KeyPart>) -> KeyedRule {
         rule("same", key)
     }
 
@@ -342,10 +260,7 @@ pub(crate) mod tests {
         let day = rule("per-day", vec![KeyPart::Header("x-user".into())]);
         let req = request(&[("x-user", "alice")], None);
         let tag = |key: String| key[key.find('{').unwrap()..].to_string();
-        assert_eq!(
-            tag(counter_key(&minute, &req, 0).unwrap()),
-            tag(counter_key(&day, &req, 0).unwrap())
-        );
+        assert_eq!(tag(key(&minute, &req).unwrap()), tag(key(&day, &req).unwrap()));
     }
 
     #[test]

@@ -1,21 +1,43 @@
 //! ratelimit-wasm: a distributed HTTP rate limiter for Envoy.
 //!
 //! The crate is two things at once. Compiled for `wasm32`, it is the proxy-wasm HTTP
-//! filter (the thin host layer in [`host`]). Compiled natively, it is the pure decision
-//! logic that layer drives: configuration ([`config`]), request matching ([`matching`]),
-//! counter keys ([`keys`]), the per-request plan of checks ([`plan`]), the filter-to-shim
-//! wire format ([`wire`]: the `ratelimit-wire` crate, shared with `redis-shim`), the coalescing of shim calls
-//! ([`batch`]) and the client-facing response contract ([`response`]). Nothing outside
-//! [`host`] touches the proxy-wasm host, so `cargo test` exercises every decision
-//! natively.
+//! filter: the thin host layer in `host`. Compiled natively, it is the pure decision
+//! logic that layer drives, which `cargo test` exercises whole:
+//!
+//! - [`config`]: the plugin configuration, checked and compiled once;
+//! - [`attributes`], [`matching`], [`keys`], [`plan`]: what a request offers, which rules
+//!   apply to it, the counter keys, and the checks it needs;
+//! - [`request`]: one request's decision as a state machine, from the plan through the
+//!   [`local`] layer (buckets, deny cache, leases in shared data) and the shim's answer
+//!   ([`shim_call`], batched per worker by [`batch`]) to the [`response`] the client
+//!   gets, with the [`stats`] to count on the way;
+//! - [`wire`]: the filter-to-shim wire format, the `ratelimit-wire` crate shared with
+//!   `redis-shim`.
+//!
+//! Nothing outside `host` touches the proxy-wasm host.
 
+// A panic kills the VM for every request on its worker: none outside tests.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+pub mod attributes;
 pub mod batch;
 pub mod config;
 pub mod keys;
 pub mod local;
 pub mod matching;
 pub mod plan;
+pub mod request;
 pub mod response;
+pub mod shim_call;
+pub mod stats;
 pub use ratelimit_wire as wire;
 
 // Natively the host layer is only type-checked (by clippy), never linked; the wasm32

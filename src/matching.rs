@@ -1,7 +1,7 @@
 //! Which requests a rule (or a weighted cost) applies to: path (exact or prefix), method
 //! and request headers (present, or equal to a value). Every condition given must hold.
 
-use crate::keys::RequestAttributes;
+use crate::attributes::{is_header_name, RequestAttributes};
 use serde::Deserialize;
 
 /// A compiled request condition.
@@ -50,14 +50,6 @@ struct RawHeaderCondition {
 
 /// A compile error: the field (relative to the match) and the reason.
 pub type MatchError = (String, String);
-
-pub(crate) fn is_header_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 128
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
-}
 
 fn check_path(field: &str, path: &str) -> Result<(), MatchError> {
     if !path.starts_with('/')
@@ -153,7 +145,7 @@ impl RequestMatch {
 mod tests {
     use super::*;
     // On wasm32 the same tests run under wasm-bindgen-test (Node).
-    use crate::keys::tests::FakeRequest;
+    use crate::attributes::fake::FakeRequest;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -1,15 +1,21 @@
 //! Which rules apply to a request and what each asks of the shim: the rule matches, the
 //! request has every key part, the client's tier sets the limit, the route sets the cost.
 
+use crate::attributes::RequestAttributes;
 use crate::config::{FilterConfig, Rule, Tier, ValueTest};
-use crate::keys::{counter_key, part_value, RequestAttributes};
-use crate::wire::Check;
+use crate::keys::{counter_key, part_value};
+use crate::wire::{Check, Rate};
+use std::rc::Rc;
 
 /// One rule's check for this request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedCheck {
-    /// Index into `FilterConfig::rules`.
+    /// Index into `FilterConfig::rules`, which names the rule's stats.
     pub rule_index: usize,
+    pub rule: Rc<Rule>,
+    /// The rule's rate for this client (its tier's, if one applies).
+    pub rate: Rate,
+    /// What the shim is asked (`lease` 0: the local layer sets it).
     pub check: Check,
 }
 
@@ -22,11 +28,8 @@ pub fn plan(config: &FilterConfig, request: &impl RequestAttributes) -> Vec<Plan
         .enumerate()
         .filter(|(_, rule)| rule.matcher.matches(request))
         .filter_map(|(rule_index, rule)| {
-            let key = counter_key(rule, request, hops)?;
-            let (limit, period_ms) = match tier_for(rule, request, hops) {
-                Some(tier) => (tier.limit, tier.period_ms),
-                None => (rule.limit, rule.period_ms),
-            };
+            let key = counter_key(&rule.name, &rule.key, request, hops)?;
+            let rate = tier_for(rule, request, hops).map_or(rule.rate, |tier| tier.rate);
             let cost = rule
                 .costs
                 .iter()
@@ -34,11 +37,13 @@ pub fn plan(config: &FilterConfig, request: &impl RequestAttributes) -> Vec<Plan
                 .map_or(rule.cost, |c| c.cost);
             Some(PlannedCheck {
                 rule_index,
+                rule: Rc::clone(rule),
+                rate,
                 check: Check {
                     key,
                     algorithm: rule.algorithm,
-                    limit,
-                    period_ms,
+                    limit: rate.limit(),
+                    period_ms: rate.period_ms(),
                     cost,
                     shadow: rule.shadow,
                     lease: 0,
@@ -62,7 +67,7 @@ pub fn tier_for<'a>(rule: &'a Rule, request: &impl RequestAttributes, hops: u32)
 mod tests {
     use super::*;
     // On wasm32 the same tests run under wasm-bindgen-test (Node).
-    use crate::keys::tests::FakeRequest;
+    use crate::attributes::fake::FakeRequest;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

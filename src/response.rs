@@ -1,11 +1,11 @@
 //! The client-facing contract: what the filter does with the shim's answer.
 //!
-//! [`decide`] turns the shim's per-rule results into either rate-limit headers for an
-//! allowed response or a complete refusal; [`on_shim_failure`] applies the configured
-//! failure mode when no valid answer came. Both are pure: the host layer only applies the
-//! [`Outcome`]. Shadow rules never refuse and never appear in client-facing headers.
+//! [`decide`] turns the per-rule results into either rate-limit headers for an allowed
+//! response or a complete refusal; [`unavailable`] is the reply when a rule fails closed.
+//! Both are pure: the host layer only applies the [`Outcome`]. Shadow rules never refuse
+//! and never appear in client-facing headers.
 
-use crate::config::{FailureMode, HeaderStyle, ResponseSettings, Rule};
+use crate::config::{HeaderStyle, ResponseSettings, Rule};
 use crate::wire::{Check, CheckResult};
 use serde_json::json;
 
@@ -33,74 +33,56 @@ pub struct LocalReply {
     pub body: String,
 }
 
-/// The shim answered, but not with one result per rule checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MismatchedAnswer {
-    pub expected: usize,
-    pub received: usize,
+/// One rule's part in this request's decision: the rule, the check made for it (whose
+/// limit and period reflect the client's tier) and its result.
+#[derive(Debug, Clone, Copy)]
+pub struct Judged<'a> {
+    pub rule: &'a Rule,
+    pub check: &'a Check,
+    pub result: CheckResult,
 }
 
-/// One rule checked for this request, with the check sent for it (whose limit and
-/// period reflect the client's tier).
-pub type Applied<'a> = (&'a Rule, &'a Check);
-
-/// Decides the request from every rule's result (the shim's, or the local layer's).
-/// `applied` is in the order of `results`; `now_unix_ms` is the host's wall clock.
-pub fn decide(
-    applied: &[Applied<'_>],
-    results: &[CheckResult],
-    now_unix_ms: u64,
-    settings: &ResponseSettings,
-) -> Result<Outcome, MismatchedAnswer> {
-    if results.len() != applied.len() || applied.is_empty() {
-        return Err(MismatchedAnswer {
-            expected: applied.len(),
-            received: results.len(),
-        });
-    }
-    let enforcing: Vec<usize> = (0..applied.len()).filter(|&i| !applied[i].0.shadow).collect();
+/// Decides the request from every rule's result known (the shim's, or the local
+/// layer's); `now_unix_ms` is the host's wall clock. With no result, the request passes
+/// with no headers.
+pub fn decide(judged: &[Judged<'_>], now_unix_ms: u64, settings: &ResponseSettings) -> Outcome {
+    let enforcing: Vec<&Judged<'_>> = judged.iter().filter(|j| !j.rule.shadow).collect();
     let refusing = enforcing
         .iter()
         .copied()
-        .filter(|&i| !results[i].allowed)
-        .max_by_key(|&i| results[i].retry_after_ms);
-    let headers = rate_limit_headers(applied, results, &enforcing, refusing, now_unix_ms, settings);
-    Ok(match refusing {
+        .filter(|j| !j.result.allowed)
+        .max_by_key(|j| j.result.retry_after_ms);
+    let headers = rate_limit_headers(&enforcing, refusing, now_unix_ms, settings);
+    match refusing {
         None => Outcome::Allow { headers },
-        Some(index) => Outcome::Reply(refusal(applied[index], &results[index], headers, settings)),
-    })
+        Some(refusing) => Outcome::Reply(refusal(refusing, headers, settings)),
+    }
 }
 
 /// Names of the shadow rules that would have refused this request.
-pub fn shadow_refusals<'a>(applied: &[Applied<'a>], results: &[CheckResult]) -> Vec<&'a str> {
-    applied
+pub fn shadow_refusals<'a>(judged: &[Judged<'a>]) -> Vec<&'a str> {
+    judged
         .iter()
-        .zip(results)
-        .filter(|((rule, _), result)| rule.shadow && !result.allowed)
-        .map(|((rule, _), _)| rule.name.as_str())
+        .filter(|j| j.rule.shadow && !j.result.allowed)
+        .map(|j| j.rule.name.as_str())
         .collect()
 }
 
-/// The outcome when the shim gave no usable answer (down, slow, garbage).
-pub fn on_shim_failure(mode: FailureMode) -> Outcome {
-    match mode {
-        FailureMode::Open => Outcome::Allow { headers: Vec::new() },
-        FailureMode::Closed => {
-            let body = json!({
-                "type": "about:blank",
-                "title": "Service Unavailable",
-                "status": 503,
-                "detail": "The rate limiter could not reach its backend and is configured to fail closed.",
-            });
-            Outcome::Reply(LocalReply {
-                status: 503,
-                headers: vec![
-                    ("content-type".into(), PROBLEM_JSON.into()),
-                    (RETRY_AFTER_HEADER.into(), "1".into()),
-                ],
-                body: body.to_string(),
-            })
-        }
+/// The reply when the shim gave no usable answer and a rule fails closed.
+pub fn unavailable() -> LocalReply {
+    let body = json!({
+        "type": "about:blank",
+        "title": "Service Unavailable",
+        "status": 503,
+        "detail": "The rate limiter could not reach its backend and is configured to fail closed.",
+    });
+    LocalReply {
+        status: 503,
+        headers: vec![
+            ("content-type".into(), PROBLEM_JSON.into()),
+            (RETRY_AFTER_HEADER.into(), "1".into()),
+        ],
+        body: body.to_string(),
     }
 }
 
@@ -125,28 +107,25 @@ fn draft_reset_seconds(result: &CheckResult, is_refusing: bool) -> u64 {
 }
 
 fn rate_limit_headers(
-    applied: &[Applied<'_>],
-    results: &[CheckResult],
-    enforcing: &[usize],
-    refusing: Option<usize>,
+    enforcing: &[&Judged<'_>],
+    refusing: Option<&Judged<'_>>,
     now_unix_ms: u64,
     settings: &ResponseSettings,
 ) -> Headers {
     let mut headers = Vec::new();
-    if enforcing.is_empty() {
+    // The rule that refused, else the one with the least headroom.
+    let tightest = refusing.or_else(|| {
+        enforcing
+            .iter()
+            .copied()
+            .min_by_key(|j| (j.result.remaining, std::cmp::Reverse(j.result.reset_ms)))
+    });
+    let Some(tightest) = tightest else {
         return headers;
-    }
+    };
     let style = settings.header_style;
     if matches!(style, HeaderStyle::XRateLimit | HeaderStyle::Both) {
-        // The rule that refused, else the one with the least headroom.
-        let tightest = refusing.unwrap_or_else(|| {
-            enforcing
-                .iter()
-                .copied()
-                .min_by_key(|&i| (results[i].remaining, std::cmp::Reverse(results[i].reset_ms)))
-                .unwrap_or(enforcing[0])
-        });
-        let result = &results[tightest];
+        let result = &tightest.result;
         headers.push((settings.limit_header.clone(), result.limit.to_string()));
         headers.push((settings.remaining_header.clone(), result.remaining.to_string()));
         headers.push((
@@ -157,21 +136,21 @@ fn rate_limit_headers(
     if matches!(style, HeaderStyle::IetfDraft | HeaderStyle::Both) {
         let policies: Vec<String> = enforcing
             .iter()
-            .map(|&i| {
-                let (rule, check) = applied[i];
+            .map(|j| {
                 format!(
                     "\"{}\";q={};w={}",
-                    rule.name,
-                    check.limit,
-                    ceil_seconds(check.period_ms).max(1)
+                    j.rule.name,
+                    j.check.limit,
+                    ceil_seconds(j.check.period_ms).max(1)
                 )
             })
             .collect();
         let states: Vec<String> = enforcing
             .iter()
-            .map(|&i| {
-                let t = draft_reset_seconds(&results[i], refusing == Some(i));
-                format!("\"{}\";r={};t={}", applied[i].0.name, results[i].remaining, t)
+            .map(|j| {
+                let is_refusing = refusing.is_some_and(|r| std::ptr::eq(r, *j));
+                let t = draft_reset_seconds(&j.result, is_refusing);
+                format!("\"{}\";r={};t={}", j.rule.name, j.result.remaining, t)
             })
             .collect();
         headers.push((POLICY_HEADER.into(), policies.join(", ")));
@@ -182,13 +161,9 @@ fn rate_limit_headers(
 
 /// The refusal: rate-limit headers, `Retry-After`, and an RFC 9457 problem document
 /// naming the rule (or the configured body).
-fn refusal(
-    (rule, check): Applied<'_>,
-    result: &CheckResult,
-    mut headers: Headers,
-    settings: &ResponseSettings,
-) -> LocalReply {
-    let retry_after = retry_after_seconds(result);
+fn refusal(judged: &Judged<'_>, mut headers: Headers, settings: &ResponseSettings) -> LocalReply {
+    let Judged { rule, check, result } = *judged;
+    let retry_after = retry_after_seconds(&result);
     headers.push((RETRY_AFTER_HEADER.into(), retry_after.to_string()));
     let (content_type, body) = match &settings.body {
         Some(custom) => (
@@ -230,26 +205,37 @@ mod tests {
     use super::*;
     // On wasm32 the same tests run under wasm-bindgen-test (Node).
     use crate::config::{CustomBody, FilterConfig};
-    use crate::keys::tests::rule as make_rule;
     use crate::keys::KeyPart;
-    use crate::wire::Algorithm;
+    use crate::wire::{Algorithm, Limit};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn rule(name: &str, limit: u64, shadow: bool) -> Rule {
-        Rule {
-            limit,
-            shadow,
-            ..make_rule(name, vec![KeyPart::ClientIp])
-        }
+        let mut rule = Rule::for_tests(name, vec![KeyPart::ClientIp]);
+        rule.rate.limit = Limit::try_from(limit).unwrap();
+        rule.shadow = shadow;
+        rule
+    }
+
+    fn judged<'a>(rules: &'a [Rule], checks: &'a [Check], results: &[CheckResult]) -> Vec<Judged<'a>> {
+        rules
+            .iter()
+            .zip(checks)
+            .zip(results)
+            .map(|((rule, check), result)| Judged {
+                rule,
+                check,
+                result: *result,
+            })
+            .collect()
     }
 
     fn check_for(rule: &Rule) -> Check {
         Check {
             key: format!("{}:{{k}}", rule.name),
             algorithm: Algorithm::TokenBucket,
-            limit: rule.limit,
-            period_ms: rule.period_ms,
+            limit: rule.rate.limit(),
+            period_ms: rule.rate.period_ms(),
             cost: 1,
             shadow: rule.shadow,
             lease: 0,
@@ -283,8 +269,7 @@ mod tests {
 
     fn run(rules: &[Rule], results: Vec<CheckResult>, style: HeaderStyle) -> Outcome {
         let checks: Vec<Check> = rules.iter().map(check_for).collect();
-        let applied: Vec<Applied<'_>> = rules.iter().zip(&checks).collect();
-        decide(&applied, &results, NOW_MS, &settings(style)).unwrap()
+        decide(&judged(rules, &checks, &results), NOW_MS, &settings(style))
     }
 
     #[test]
@@ -368,15 +353,13 @@ mod tests {
         assert_eq!(header(&headers, "x-ratelimit-limit"), Some("100"));
         assert_eq!(header(&headers, POLICY_HEADER), Some(r#""live";q=100;w=60"#));
         let checks: Vec<Check> = rules.iter().map(check_for).collect();
-        let applied: Vec<Applied<'_>> = rules.iter().zip(&checks).collect();
-        assert_eq!(shadow_refusals(&applied, &results), ["trial"]);
+        assert_eq!(shadow_refusals(&judged(&rules, &checks, &results)), ["trial"]);
     }
 
     #[test]
     fn custom_status_body_and_header_names() {
         let rules = [rule("r", 5, false)];
         let checks: Vec<Check> = rules.iter().map(check_for).collect();
-        let applied: Vec<Applied<'_>> = rules.iter().zip(&checks).collect();
         let mut custom = settings(HeaderStyle::XRateLimit);
         custom.status = 503;
         custom.limit_header = "x-quota".into();
@@ -385,7 +368,7 @@ mod tests {
             template: "{rule}: {limit} max, retry in {retry_after}s".into(),
         });
         let results = [result(false, 5, 0, 60_000, 2_000)];
-        let Outcome::Reply(reply) = decide(&applied, &results, NOW_MS, &custom).unwrap() else {
+        let Outcome::Reply(reply) = decide(&judged(&rules, &checks, &results), NOW_MS, &custom) else {
             panic!("expected a reply")
         };
         assert_eq!(reply.status, 503);
@@ -405,28 +388,17 @@ mod tests {
     }
 
     #[test]
-    fn answer_with_wrong_result_count_is_rejected() {
-        let rules = [rule("a", 5, false)];
-        let checks: Vec<Check> = rules.iter().map(check_for).collect();
-        let applied: Vec<Applied<'_>> = rules.iter().zip(&checks).collect();
+    fn no_result_known_lets_the_request_through_without_headers() {
         assert_eq!(
-            decide(&applied, &[], NOW_MS, &settings(HeaderStyle::XRateLimit)),
-            Err(MismatchedAnswer {
-                expected: 1,
-                received: 0
-            })
+            decide(&[], NOW_MS, &settings(HeaderStyle::Both)),
+            Outcome::Allow { headers: vec![] }
         );
     }
 
     #[test]
-    fn failure_modes() {
-        assert_eq!(
-            on_shim_failure(FailureMode::Open),
-            Outcome::Allow { headers: vec![] }
-        );
-        let Outcome::Reply(reply) = on_shim_failure(FailureMode::Closed) else {
-            panic!("closed must refuse")
-        };
+    fn failing_closed_answers_503_with_retry_after() {
+        let reply = unavailable();
         assert_eq!(reply.status, 503);
+        assert_eq!(header(&reply.headers, RETRY_AFTER_HEADER), Some("1"));
     }
 }

@@ -16,6 +16,9 @@
 //!   `reset_ms` is the time until the counter is back to its full limit; `retry_after_ms`
 //!   the time until this check would admit the request (0 when it admits).
 
+mod rate;
+
+pub use rate::{Limit, OutOfBounds, Period, Rate, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD_MS};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::fmt;
@@ -33,12 +36,6 @@ pub const TOKEN_HEADER: &str = "x-ratelimit-token";
 pub const MAX_CHECKS: usize = 16;
 /// Longest counter key accepted, before the shim's namespace prefix.
 pub const MAX_KEY_LEN: usize = 200;
-/// Longest period accepted: one year. Keeps every time value exact in Lua's doubles.
-pub const MAX_PERIOD_MS: u64 = 366 * 24 * 3600 * 1000;
-/// Largest limit accepted.
-pub const MAX_LIMIT: u64 = 1_000_000_000;
-/// Largest limit of a sliding window log, which stores one entry per admitted token.
-pub const MAX_LOG_LIMIT: u64 = 10_000;
 
 /// The counting algorithm a check runs in Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -205,22 +202,17 @@ impl CheckRequest {
             if !seen.insert(check.key.as_str()) {
                 return fail(format!("checks[{i}].key: duplicate key in one request"));
             }
-            if check.limit == 0 || check.limit > MAX_LIMIT {
-                return fail(format!("checks[{i}].limit: must be 1..={MAX_LIMIT}"));
+            if let Err(bounds) = Limit::for_algorithm(check.limit, check.algorithm) {
+                return fail(format!("checks[{i}].limit: {bounds}"));
             }
-            if check.period_ms == 0 || check.period_ms > MAX_PERIOD_MS {
-                return fail(format!("checks[{i}].period_ms: must be 1..={MAX_PERIOD_MS}"));
+            if let Err(bounds) = Period::try_from(check.period_ms) {
+                return fail(format!("checks[{i}].period_ms: {bounds}"));
             }
             if check.cost == 0 || check.cost > check.limit {
                 return fail(format!("checks[{i}].cost: must be 1..=limit"));
             }
             if check.lease != 0 && (check.lease < check.cost || check.lease > check.limit) {
                 return fail(format!("checks[{i}].lease: must be 0 or cost..=limit"));
-            }
-            if check.algorithm == Algorithm::SlidingWindowLog && check.limit > MAX_LOG_LIMIT {
-                return fail(format!(
-                    "checks[{i}].limit: a sliding_window_log allows at most {MAX_LOG_LIMIT}"
-                ));
             }
         }
         Ok(())

@@ -1,0 +1,58 @@
+//! Plugin configuration: the JSON users write, checked and compiled once in
+//! `on_configure` into the form the request path uses.
+//!
+//! Two steps: serde reads the raw structs ([`raw`], unknown fields refused), then
+//! [`FilterConfig::from_json`] validates every value ([`compile`] for the filter-wide
+//! settings, [`rule`] for rules and their tiers) and reports the first problem as a
+//! [`ConfigError`] naming the field, e.g. `rules[1].period: must be between 1ms and
+//! 366d`. Limits and periods become checked [`Rate`](crate::wire::Rate)s, so a config
+//! that compiles cannot hold an invalid rule. The compiled form is in [`model`].
+
+mod compile;
+mod duration;
+mod model;
+mod raw;
+mod rule;
+#[cfg(test)]
+mod tests;
+
+pub use duration::parse_duration;
+pub use model::*;
+use std::fmt;
+
+/// A configuration problem, naming the field (as a JSON path) and the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl ConfigError {
+    fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl FilterConfig {
+    /// Parses and validates the plugin configuration.
+    pub fn from_json(bytes: &[u8]) -> Result<FilterConfig, ConfigError> {
+        let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+        let raw: raw::RawConfig = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path == "." { "config".to_string() } else { path };
+            ConfigError::new(field, e.into_inner().to_string())
+        })?;
+        raw.compile()
+    }
+}

@@ -1,0 +1,199 @@
+//! The compiled configuration: what the request path reads, every value already checked.
+
+use crate::keys::KeyPart;
+use crate::matching::RequestMatch;
+use crate::wire::{Algorithm, Period, Rate};
+use serde::Deserialize;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// What the filter does when the shim cannot give an answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureMode {
+    /// Let the request through (Envoy's own rate-limit filter's default).
+    #[default]
+    Open,
+    /// Refuse the request with 503: protection over availability.
+    Closed,
+}
+
+/// Which rate-limit headers responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum HeaderStyle {
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (a Unix time) for the tightest rule.
+    #[default]
+    #[serde(rename = "x-ratelimit")]
+    XRateLimit,
+    /// draft-ietf-httpapi-ratelimit-headers-10: `RateLimit-Policy` and `RateLimit`, one
+    /// list item per rule.
+    #[serde(rename = "ietf-draft")]
+    IetfDraft,
+    /// Both of the above.
+    #[serde(rename = "both")]
+    Both,
+    /// No rate-limit headers (`Retry-After` is still sent on refusals).
+    #[serde(rename = "none")]
+    None,
+}
+
+/// The compiled configuration of one filter instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FilterConfig {
+    pub shim: ShimSettings,
+    /// Proxies in front of Envoy whose X-Forwarded-For entries are trusted.
+    pub xff_num_trusted_hops: u32,
+    /// Key of the verified JWT payload in `jwt_authn`'s dynamic metadata.
+    pub jwt_payload_in_metadata: String,
+    pub response: ResponseSettings,
+    /// Slots of the shared-data table holding local state (buckets, deny cache, leases).
+    pub local_slots: u32,
+    /// Refuse a key locally until the time the shim said it may retry.
+    pub deny_cache: bool,
+    /// Shared with each request's plan, which holds the rules it checks.
+    pub rules: Vec<Rc<Rule>>,
+}
+
+/// How the filter reaches the shim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShimSettings {
+    /// Envoy cluster name passed to `dispatch_http_call`.
+    pub cluster: String,
+    /// `:authority` of the call.
+    pub authority: String,
+    /// Shared token sent in `x-ratelimit-token`, if the shim requires one.
+    pub token: Option<String>,
+    /// Longest the request stays paused waiting for the shim.
+    pub timeout: Duration,
+    /// Most calls to the shim one worker keeps in flight; requests arriving past it wait
+    /// for a call to finish and then go together in one batch.
+    pub calls_in_flight: u32,
+}
+
+/// What refused and allowed responses look like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseSettings {
+    /// Status of a refusal (429 unless configured).
+    pub status: u32,
+    pub header_style: HeaderStyle,
+    /// Lower-case names of the `X-RateLimit-*` style headers.
+    pub limit_header: String,
+    pub remaining_header: String,
+    pub reset_header: String,
+    /// A custom refusal body replacing the RFC 9457 problem document.
+    pub body: Option<CustomBody>,
+}
+
+/// A configured refusal body: `{rule}`, `{limit}` and `{retry_after}` are filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CustomBody {
+    pub content_type: String,
+    pub template: String,
+}
+
+/// One compiled rule: which requests it applies to, who it counts, how much it allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub name: String,
+    pub key: Vec<KeyPart>,
+    pub matcher: RequestMatch,
+    pub algorithm: Algorithm,
+    /// The limit for clients no tier selects.
+    pub rate: Rate,
+    /// Client-dependent limits; the first tier whose condition holds wins.
+    pub tiers: Vec<Tier>,
+    pub cost: u64,
+    /// Route-dependent costs; the first that matches wins, else `cost`.
+    pub costs: Vec<WeightedCost>,
+    /// Counts and logs, never refuses.
+    pub shadow: bool,
+    /// Where the rule's own limit is enforced.
+    pub scope: Scope,
+    /// A per-Envoy bucket in front of the global check: requests over it are refused
+    /// without a shim call.
+    pub local: Option<Rate>,
+    /// Take tokens from the shim in leases and spend them locally.
+    pub lease: Option<Lease>,
+    /// What this rule does when the shim cannot answer.
+    pub on_failure: RuleFailureMode,
+}
+
+/// Where a rule's limit is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// By the shim, across every Envoy sharing its Redis.
+    #[default]
+    Global,
+    /// In this Envoy's shared data only, shared by its worker threads; no shim call.
+    Local,
+}
+
+/// Tokens taken from the shim `size` at a time, valid for `ttl`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    pub size: u64,
+    pub ttl: Period,
+}
+
+/// A rule's failure mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleFailureMode {
+    Open,
+    Closed,
+    /// Degrade to a local token bucket of this rate.
+    Local(Rate),
+}
+
+/// A limit for the clients a condition selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tier {
+    pub name: String,
+    pub when: TierCondition,
+    pub rate: Rate,
+}
+
+/// Selects a tier from a header or a verified JWT claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierCondition {
+    pub source: KeyPart,
+    pub test: ValueTest,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValueTest {
+    Equals(String),
+    Prefix(String),
+}
+
+/// Charges `cost` tokens to requests that `matcher` selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightedCost {
+    pub matcher: RequestMatch,
+    pub cost: u64,
+}
+
+#[cfg(test)]
+impl Rule {
+    /// A global token bucket of 5 per minute keyed on `key`, for the pure layers' tests.
+    pub(crate) fn for_tests(name: &str, key: Vec<KeyPart>) -> Rule {
+        Rule {
+            name: name.into(),
+            key,
+            matcher: RequestMatch::default(),
+            algorithm: Algorithm::TokenBucket,
+            rate: Rate {
+                limit: crate::wire::Limit::try_from(5u64).unwrap(),
+                period: Period::try_from(60_000u64).unwrap(),
+            },
+            tiers: vec![],
+            cost: 1,
+            costs: vec![],
+            shadow: false,
+            scope: Scope::Global,
+            local: None,
+            lease: None,
+            on_failure: RuleFailureMode::Open,
+        }
+    }
+}

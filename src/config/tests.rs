@@ -1,0 +1,228 @@
+//! The configuration's compile checks: what is accepted, and every refusal naming its field.
+
+use super::*;
+use crate::keys::KeyPart;
+use crate::wire::Algorithm;
+use std::time::Duration;
+// On wasm32 the same tests run under wasm-bindgen-test (Node).
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+const VALID: &str = r#"{
+    "shim_cluster": "ratelimit_shim",
+    "timeout": "250ms",
+    "failure_mode": "closed",
+    "xff_num_trusted_hops": 1,
+    "response": {"headers": "both", "status": 420, "header_names": {"limit": "X-Quota"}},
+    "rules": [
+        {"name": "per-api-key", "key": [{"header": "X-Api-Key"}], "limit": 5, "period": "1m",
+         "tiers": [{"name": "vip", "when": {"header": "x-api-key", "prefix": "vip:"}, "limit": 50}],
+         "costs": [{"match": {"path_prefix": "/export"}, "cost": 5}]},
+        {"name": "search", "match": {"path_prefix": "/search", "methods": ["GET"]}, "key": ["client_ip"],
+         "algorithm": "sliding_window_log", "limit": 100, "period": "10s", "cost": 2, "shadow": true}
+    ]
+}"#;
+
+#[test]
+fn compiles_a_valid_config() {
+    let config = FilterConfig::from_json(VALID.as_bytes()).unwrap();
+    assert_eq!(config.shim.cluster, "ratelimit_shim");
+    assert_eq!(config.shim.authority, "ratelimit_shim");
+    assert_eq!(config.shim.timeout, Duration::from_millis(250));
+    assert_eq!(config.shim.calls_in_flight, 4);
+    // The filter-wide failure mode is every rule's default.
+    assert_eq!(config.rules[0].on_failure, RuleFailureMode::Closed);
+    assert_eq!(config.xff_num_trusted_hops, 1);
+    assert_eq!(config.jwt_payload_in_metadata, "jwt_payload");
+    assert_eq!(config.response.status, 420);
+    assert_eq!(config.response.header_style, HeaderStyle::Both);
+    assert_eq!(config.response.limit_header, "x-quota");
+    assert_eq!(config.response.remaining_header, "x-ratelimit-remaining");
+    let (key_rule, search) = (&config.rules[0], &config.rules[1]);
+    assert_eq!(key_rule.key, vec![KeyPart::Header("x-api-key".into())]);
+    assert_eq!(key_rule.rate.period_ms(), 60_000);
+    assert_eq!(key_rule.cost, 1);
+    assert_eq!(key_rule.tiers[0].rate.limit(), 50);
+    assert_eq!(key_rule.tiers[0].rate.period_ms(), 60_000);
+    assert_eq!(key_rule.tiers[0].when.test, ValueTest::Prefix("vip:".into()));
+    assert_eq!(key_rule.costs[0].cost, 5);
+    assert!(!key_rule.shadow);
+    assert_eq!(search.key, vec![KeyPart::ClientIp]);
+    assert_eq!(search.algorithm, Algorithm::SlidingWindowLog);
+    assert_eq!(search.cost, 2);
+    assert!(search.shadow);
+}
+
+fn error_for(json: &str) -> ConfigError {
+    FilterConfig::from_json(json.as_bytes()).expect_err(json)
+}
+
+fn with_rule(rule: &str) -> String {
+    format!(r#"{{"shim_cluster": "c", "rules": [{rule}]}}"#)
+}
+
+#[test]
+fn each_bad_config_names_its_field() {
+    let rule = |extra: &str| with_rule(&format!(r#"{{"name": "r", "key": ["client_ip"], {extra}}}"#));
+    let valid = r#""limit": 5, "period": "1s""#;
+    let cases = [
+        ("not json".to_string(), "config"),
+        (r#"{"rules": []}"#.to_string(), "config"),
+        (
+            r#"{"shim_cluster": "c", "rules": [], "colour": 1}"#.to_string(),
+            "colour",
+        ),
+        (r#"{"shim_cluster": "", "rules": []}"#.to_string(), "shim_cluster"),
+        (
+            r#"{"shim_cluster": "c", "shim_calls_in_flight": 0, "rules": []}"#.to_string(),
+            "shim_calls_in_flight",
+        ),
+        (r#"{"shim_cluster": "c", "rules": []}"#.to_string(), "rules"),
+        (
+            r#"{"shim_cluster": "c", "timeout": "0ms", "rules": []}"#.to_string(),
+            "timeout",
+        ),
+        (
+            r#"{"shim_cluster": "c", "timeout": "fast", "rules": []}"#.to_string(),
+            "timeout",
+        ),
+        (
+            r#"{"shim_cluster": "c", "failure_mode": "maybe", "rules": []}"#.to_string(),
+            "failure_mode",
+        ),
+        (
+            r#"{"shim_cluster": "c", "xff_num_trusted_hops": -1, "rules": []}"#.to_string(),
+            "xff_num_trusted_hops",
+        ),
+        (
+            r#"{"shim_cluster": "c", "response": {"status": 200}, "rules": []}"#.to_string(),
+            "response.status",
+        ),
+        (
+            r#"{"shim_cluster": "c", "response": {"headers": "fancy"}, "rules": []}"#.to_string(),
+            "response.headers",
+        ),
+        (
+            r#"{"shim_cluster": "c", "response": {"header_names": {"limit": "a b"}}, "rules": []}"#
+                .to_string(),
+            "response.header_names.limit",
+        ),
+        (rule(r#""limit": 5"#), "rules[0]"),
+        (rule(r#""limit": 0, "period": "1s""#), "rules[0].limit"),
+        (rule(r#""limit": -3, "period": "1s""#), "rules[0].limit"),
+        (rule(r#""limit": 5, "period": "0s""#), "rules[0].period"),
+        (rule(r#""limit": 5, "period": "-1s""#), "rules[0].period"),
+        (rule(r#""limit": 5, "period": "1s", "cost": 6"#), "rules[0].cost"),
+        (
+            rule(r#""limit": 5, "period": "1s", "algorithm": "magic""#),
+            "rules[0].algorithm",
+        ),
+        (
+            rule(r#""limit": 20000, "period": "1s", "algorithm": "sliding_window_log""#),
+            "rules[0].limit",
+        ),
+        (rule(r#""limit": 5, "period": "1s", "burst": 3"#), "rules[0]"),
+        (
+            rule(&format!(r#"{valid}, "match": {{"path": "search"}}"#)),
+            "rules[0].match.path",
+        ),
+        (
+            rule(&format!(r#"{valid}, "match": {{"methods": ["G T"]}}"#)),
+            "rules[0].match.methods[0]",
+        ),
+        (
+            rule(&format!(r#"{valid}, "costs": [{{"match": {{}}, "cost": 9}}]"#)),
+            "rules[0].costs[0].cost",
+        ),
+        (
+            rule(&format!(
+                r#"{valid}, "costs": [{{"match": {{"path_prefix": "x"}}, "cost": 1}}]"#
+            )),
+            "rules[0].costs[0].match",
+        ),
+        (
+            rule(&format!(
+                r#"{valid}, "tiers": [{{"name": "t", "when": {{"header": "x", "equals": "y"}}, "limit": 0}}]"#
+            )),
+            "rules[0].tiers[0].limit",
+        ),
+        (
+            rule(&format!(
+                r#"{valid}, "tiers": [{{"name": "t", "when": {{"equals": "y"}}, "limit": 1}}]"#
+            )),
+            "rules[0].tiers[0].when",
+        ),
+        (
+            rule(&format!(
+                r#"{valid}, "tiers": [{{"name": "t", "when": {{"header": "x"}}, "limit": 1}}]"#
+            )),
+            "rules[0].tiers[0].when",
+        ),
+        (
+            rule(
+                r#""limit": 5, "period": "1s", "cost": 3, "tiers": [{"name": "t", "when": {"header": "x", "equals": "y"}, "limit": 2}]"#,
+            ),
+            "rules[0].cost",
+        ),
+        (
+            r#"{"shim_cluster": "c", "response": {"headers": "ietf-draft"}, "rules": [{"name": "r", "key": ["client_ip"], "limit": 5, "period": "250ms"}]}"#.to_string(),
+            "rules[0].period",
+        ),
+        (
+            rule(r#""limit": 5, "period": "1m", "algorithm": "fixed_window", "tiers": [{"name": "t", "when": {"header": "x", "equals": "y"}, "limit": 9, "period": "10s"}]"#),
+            "rules[0].tiers[0].period",
+        ),
+        (
+            with_rule(r#"{"name": "bad name", "key": ["client_ip"], "limit": 1, "period": "1s"}"#),
+            "rules[0].name",
+        ),
+        (
+            with_rule(r#"{"name": "r", "key": [], "limit": 1, "period": "1s"}"#),
+            "rules[0].key",
+        ),
+        (
+            with_rule(r#"{"name": "r", "key": [{"header": ""}], "limit": 1, "period": "1s"}"#),
+            "rules[0].key[0]",
+        ),
+        (
+            with_rule(r#"{"name": "r", "key": [{"jwt_claim": "a b"}], "limit": 1, "period": "1s"}"#),
+            "rules[0].key[0]",
+        ),
+        (
+            with_rule(r#"{"name": "r", "key": ["shoe_size"], "limit": 1, "period": "1s"}"#),
+            "rules[0].key[0]",
+        ),
+    ];
+    for (json, field) in cases {
+        let err = error_for(&json);
+        assert!(
+            err.field.starts_with(field),
+            "{json}: got {err}, expected field {field}"
+        );
+    }
+    let dup = format!(
+        r#"{{"shim_cluster": "c", "rules": [{0}, {0}]}}"#,
+        r#"{"name": "r", "key": ["client_ip"], "limit": 1, "period": "1s"}"#
+    );
+    assert_eq!(error_for(&dup).field, "rules[1].name");
+}
+
+#[test]
+fn parses_durations() {
+    assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+    assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+    assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+    assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+    assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
+    for bad in [
+        "",
+        "s",
+        "10",
+        "1.5s",
+        "-1s",
+        "10 parsecs",
+        "99999999999999999999d",
+    ] {
+        assert!(parse_duration(bad).is_err(), "{bad}");
+    }
+}

@@ -1,0 +1,199 @@
+//! The worker's shim calls: requests queued for the shim are sent as batched
+//! `dispatch_http_call`s (the bookkeeping is [`Batcher`]'s), and each answer, or the
+//! call's failure, is applied to every request it carried.
+//!
+//! The root context owns the calls because Envoy cancels a context's calls when its
+//! stream ends, and the SDK delivers an answer to the context that was running when the
+//! call was made: only a root callback can start a call whose answer outlives any one
+//! request. A request wakes the root through a shared queue when a call may start.
+
+use super::hostcalls::{
+    self, dispatch_http_call, enqueue_shared_queue, http_call_response_body, log, now_ms, InContext,
+};
+use super::request_state::RequestState;
+use super::Worker;
+use crate::batch::{Batch, Batcher, Call};
+use crate::shim_call::{batch_body, read_batch_answer, RequestAnswer, ShimFailure};
+use crate::wire::{Check, CHECK_BATCH_PATH, TOKEN_HEADER};
+use proxy_wasm::types::{Action, LogLevel, MapType};
+use std::cell::RefCell;
+use std::rc::Weak;
+use std::time::Duration;
+
+/// A request waiting for the shim: where to apply the answer, and what to ask.
+pub struct QueuedRequest {
+    pub context_id: u32,
+    /// Dead once the request's stream is gone; the answer is then dropped.
+    pub state: Weak<RefCell<RequestState>>,
+    pub checks: Vec<Check>,
+}
+
+pub struct Dispatcher {
+    /// The root context, which makes every shim call.
+    root_id: u32,
+    /// The shared queue through which a request wakes the root to send the batch.
+    wake_queue: u32,
+    batcher: RefCell<Batcher<QueuedRequest>>,
+}
+
+impl Dispatcher {
+    pub fn new(root_id: u32, wake_queue: u32, calls_in_flight: usize, timeout_ms: u64) -> Dispatcher {
+        Dispatcher {
+            root_id,
+            wake_queue,
+            batcher: RefCell::new(Batcher::new(calls_in_flight, timeout_ms)),
+        }
+    }
+
+    /// Queues a request for the shim and, when a call may start, wakes the root.
+    pub fn submit(&self, request: QueuedRequest, deadline_ms: u64) {
+        let wake = self.batcher.borrow_mut().push(request, deadline_ms);
+        if wake {
+            if let Err(error) = enqueue_shared_queue(self.wake_queue, b"1") {
+                // The root's tick sends it (or fails it past its deadline) instead.
+                self.batcher.borrow_mut().woken();
+                log(
+                    LogLevel::Warn,
+                    &format!("cannot wake the worker's dispatcher: {error}"),
+                );
+            }
+        }
+    }
+
+    /// The root was woken through the queue.
+    pub fn on_wake(&self, worker: &Worker) {
+        hostcalls::drain_shared_queue(self.wake_queue);
+        self.batcher.borrow_mut().woken();
+        self.dispatch_waiting(worker);
+    }
+
+    /// The safety net: requests that wait without a wake-up (none should) are sent or
+    /// failed within about one timeout.
+    pub fn on_tick(&self, worker: &Worker) {
+        if self.batcher.borrow().has_waiting() {
+            // Were a wake-up lost, the pending flag would hold back every later one.
+            self.batcher.borrow_mut().woken();
+            self.dispatch_waiting(worker);
+        }
+    }
+
+    /// Sends what waits, call by call, while calls may start. Runs in a root callback,
+    /// so the calls belong to the root context.
+    fn dispatch_waiting(&self, worker: &Worker) {
+        loop {
+            let now = now_ms();
+            let next = self
+                .batcher
+                .borrow_mut()
+                .next(now, |request| request.state.strong_count() > 0);
+            let expired = !next.expired.is_empty();
+            for request in next.expired {
+                self.finish(worker, &request, now, Err(ShimFailure::Timeout));
+            }
+            let Some(batch) = next.batch else {
+                if expired {
+                    continue;
+                }
+                return;
+            };
+            self.send(worker, batch, now);
+        }
+    }
+
+    fn send(&self, worker: &Worker, batch: Batch<QueuedRequest>, now: u64) {
+        let Batch {
+            members: mut requests,
+            timeout_ms,
+        } = batch;
+        let shim = &worker.config.shim;
+        let body = batch_body(
+            requests
+                .iter_mut()
+                .map(|request| std::mem::take(&mut request.checks))
+                .collect(),
+        );
+        let sent = body.and_then(|body| {
+            let mut headers = vec![
+                (":method", "POST"),
+                (":path", CHECK_BATCH_PATH),
+                (":authority", shim.authority.as_str()),
+                ("content-type", "application/json"),
+            ];
+            if let Some(token) = &shim.token {
+                headers.push((TOKEN_HEADER, token.as_str()));
+            }
+            dispatch_http_call(&shim.cluster, headers, &body, Duration::from_millis(timeout_ms)).map_err(
+                |error| ShimFailure::Unreachable(format!("cannot call cluster {}: {error}", shim.cluster)),
+            )
+        });
+        match sent {
+            Ok(token) => {
+                worker.stats.shim_call_carried(requests.len());
+                self.batcher.borrow_mut().sent(
+                    token,
+                    Call {
+                        members: requests,
+                        sent_at_ms: now,
+                    },
+                );
+            }
+            Err(failure) => {
+                for request in &requests {
+                    self.finish(worker, request, now, Err(failure.clone()));
+                }
+            }
+        }
+    }
+
+    /// The answer to the call with this token (or its failure) arrived.
+    pub fn on_call_response(&self, worker: &Worker, token: u32, body_size: usize) {
+        let Some(call) = self.batcher.borrow_mut().answered(token) else {
+            return;
+        };
+        let now = now_ms();
+        worker.stats.shim_call_took(now.saturating_sub(call.sent_at_ms));
+        // Read before switching to the requests' contexts: the answer is the root's.
+        let status = hostcalls::header(MapType::HttpCallResponseHeaders, ":status");
+        let body = http_call_response_body(body_size);
+        match read_batch_answer(status.as_deref(), &body, call.members.len()) {
+            Ok(answers) => {
+                for (request, answer) in call.members.iter().zip(answers) {
+                    self.finish(worker, request, now, answer);
+                }
+            }
+            Err(failure) => {
+                for request in &call.members {
+                    self.finish(worker, request, now, Err(failure.clone()));
+                }
+            }
+        }
+        self.dispatch_waiting(worker);
+    }
+
+    /// The plugin is going away (reconfigured or removed), and with the root its calls:
+    /// no request may stay paused behind them.
+    pub fn fail_all(&self, worker: &Worker) {
+        let now = now_ms();
+        let left = self.batcher.borrow_mut().take_all();
+        for request in &left {
+            self.finish(worker, request, now, Err(ShimFailure::ShuttingDown));
+        }
+    }
+
+    /// Applies the shim's answer for one request, or the failure of its call, in the
+    /// request's own context, then resumes or answers it.
+    fn finish(&self, worker: &Worker, request: &QueuedRequest, now: u64, answer: RequestAnswer) {
+        let Some(state) = request.state.upgrade() else {
+            return;
+        };
+        let Ok(_in_request) = InContext::enter(request.context_id, self.root_id) else {
+            return;
+        };
+        let action = state.borrow_mut().answered(worker, now, answer);
+        if let Action::Continue = action {
+            if let Err(error) = hostcalls::resume_http_request() {
+                log(LogLevel::Error, &format!("could not resume request: {error}"));
+            }
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Every call into the proxy-wasm host, each returning a typed [`HostError`] instead of
+//! the SDK trait defaults that `unwrap()` (a panic would kill the VM for every request
+//! on this worker). Nothing else in the crate imports `proxy_wasm::hostcalls`.
+
+use crate::local::{SlotError, SlotStore};
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType, Status};
+use std::fmt;
+use std::time::{Duration, UNIX_EPOCH};
+
+/// A host call that failed, with the status the host returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostError(pub Status);
+
+impl fmt::Display for HostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+pub fn log(level: LogLevel, message: &str) {
+    // Logging is best effort; there is nowhere to report its own failure.
+    let _ = hostcalls::log(level, &format!("ratelimit-wasm: {message}"));
+}
+
+/// The host's wall clock in Unix milliseconds (0 if it cannot be read).
+pub fn now_ms() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|now| now.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The whole plugin configuration (empty when there is none).
+pub fn plugin_configuration() -> Vec<u8> {
+    match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
+        Ok(Some(bytes)) => bytes,
+        _ => Vec::new(),
+    }
+}
+
+/// A header's value. Read as bytes: the SDK's `get_map_value` panics on a value that is
+/// not UTF-8, which any client can send. Invalid bytes become U+FFFD, so garbage values
+/// share counters rather than escape them.
+pub fn header(map: MapType, name: &str) -> Option<String> {
+    let bytes = hostcalls::get_map_value_bytes(map, name).ok().flatten()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+pub fn add_response_header(name: &str, value: &str) -> Result<(), HostError> {
+    hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value).map_err(HostError)
+}
+
+/// A property as text; `None` when absent or not UTF-8.
+pub fn property_text(path: Vec<&str>) -> Option<String> {
+    let bytes = hostcalls::get_property(path).ok().flatten()?;
+    String::from_utf8(bytes).ok()
+}
+
+/// The body of the answer to an HTTP call, in the call's response callback.
+pub fn http_call_response_body(size: usize) -> Vec<u8> {
+    hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, size)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Starts an HTTP call to `cluster`; the answer arrives under the returned token.
+pub fn dispatch_http_call(
+    cluster: &str,
+    headers: Vec<(&str, &str)>,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<u32, HostError> {
+    hostcalls::dispatch_http_call(cluster, headers, Some(body), Vec::new(), timeout).map_err(HostError)
+}
+
+pub fn resume_http_request() -> Result<(), HostError> {
+    hostcalls::resume_http_request().map_err(HostError)
+}
+
+pub fn send_http_response(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) -> Result<(), HostError> {
+    hostcalls::send_http_response(status, headers, Some(body)).map_err(HostError)
+}
+
+/// Runs the callbacks' host calls as `context_id` until dropped, then as `root_id`
+/// again: a root callback applies each request's answer in that request's context, and
+/// whatever it does next (a new call) must belong to the root.
+pub struct InContext {
+    root_id: u32,
+}
+
+impl InContext {
+    pub fn enter(context_id: u32, root_id: u32) -> Result<InContext, HostError> {
+        hostcalls::set_effective_context(context_id).map_err(HostError)?;
+        Ok(InContext { root_id })
+    }
+}
+
+impl Drop for InContext {
+    fn drop(&mut self) {
+        let _ = hostcalls::set_effective_context(self.root_id);
+    }
+}
+
+pub fn register_shared_queue(name: &str) -> Result<u32, HostError> {
+    hostcalls::register_shared_queue(name).map_err(HostError)
+}
+
+pub fn enqueue_shared_queue(queue_id: u32, value: &[u8]) -> Result<(), HostError> {
+    hostcalls::enqueue_shared_queue(queue_id, Some(value)).map_err(HostError)
+}
+
+/// Empties the queue: a wake-up says "look", not what to look at.
+pub fn drain_shared_queue(queue_id: u32) {
+    while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
+}
+
+pub fn set_tick_period(period: Duration) -> Result<(), HostError> {
+    hostcalls::set_tick_period(period).map_err(HostError)
+}
+
+pub fn define_metric(kind: MetricType, name: &str) -> Result<u32, HostError> {
+    hostcalls::define_metric(kind, name).map_err(HostError)
+}
+
+pub fn increment_metric(id: u32) {
+    // Stats are best effort: a failed increment must not fail the request.
+    let _ = hostcalls::increment_metric(id, 1);
+}
+
+pub fn record_metric(id: u32, value: u64) {
+    let _ = hostcalls::record_metric(id, value);
+}
+
+/// The slot table in Envoy shared data, shared by every worker of this VM.
+pub struct SharedData;
+
+fn slot_key(slot: u32) -> String {
+    format!("ratelimit-wasm.slot.{slot}")
+}
+
+impl SlotStore for SharedData {
+    fn load(&self, slot: u32) -> Option<(Vec<u8>, u32)> {
+        match hostcalls::get_shared_data(&slot_key(slot)) {
+            Ok((Some(bytes), Some(cas))) => Some((bytes, cas)),
+            _ => None,
+        }
+    }
+
+    fn store(&self, slot: u32, bytes: &[u8], cas: Option<u32>) -> Result<bool, SlotError> {
+        match hostcalls::set_shared_data(&slot_key(slot), Some(bytes), cas) {
+            Ok(()) => Ok(true),
+            Err(Status::CasMismatch) => Ok(false),
+            Err(_) => Err(SlotError::Host),
+        }
+    }
+}

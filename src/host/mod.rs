@@ -1,0 +1,60 @@
+//! The proxy-wasm host layer: the only code that talks to Envoy, and as little as that
+//! takes. Every host call goes through [`hostcalls`]; [`root`] is the root context (one
+//! per plugin instance and worker), [`http`] the context of one request, [`dispatcher`]
+//! the worker's batched calls to the shim and [`stats`] the stats Envoy shows. Deciding
+//! is the pure [`RequestDecision`](crate::request::RequestDecision)'s; this layer reads
+//! attributes, makes calls, applies outcomes and records events.
+
+mod dispatcher;
+mod hostcalls;
+mod http;
+mod request_state;
+mod root;
+mod stats;
+
+use crate::config::FilterConfig;
+use crate::local::LocalLayer;
+use crate::request::Event;
+use dispatcher::Dispatcher;
+use hostcalls::{log, SharedData};
+use proxy_wasm::traits::RootContext;
+use proxy_wasm::types::LogLevel;
+use root::RateLimitRoot;
+use stats::Stats;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> {
+        Box::new(RateLimitRoot { context_id, worker: None })
+    });
+}}
+
+/// What every context of one plugin instance on one worker shares.
+pub struct Worker {
+    config: FilterConfig,
+    stats: Stats,
+    dispatcher: Dispatcher,
+}
+
+impl Worker {
+    fn local(&self) -> LocalLayer<'_, SharedData> {
+        LocalLayer {
+            config: &self.config,
+            store: &SharedData,
+        }
+    }
+
+    /// Counts and logs what a step of a request's decision reported.
+    fn record(&self, events: Vec<Event>) {
+        for event in events {
+            match event {
+                Event::Count(count) => self.stats.count(count),
+                Event::ShadowRefusal(rule) => log(
+                    LogLevel::Info,
+                    &format!("shadow rule {rule} would refuse this request"),
+                ),
+                Event::ShimFailed(failure) => log(LogLevel::Warn, &format!("shim check failed: {failure}")),
+            }
+        }
+    }
+}

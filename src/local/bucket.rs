@@ -1,0 +1,51 @@
+//! A token bucket's arithmetic over a [`Rate`]: capacity `limit`, refilled continuously
+//! at `limit / period`. Time is an argument; the bucket never reads a clock.
+
+use crate::wire::{CheckResult, Rate};
+
+/// A token bucket's state; `updated_ms == 0` means untouched (full).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Bucket {
+    pub tokens: f64,
+    pub updated_ms: u64,
+}
+
+impl Bucket {
+    fn refill(&mut self, now_ms: u64, rate: Rate) {
+        let capacity = rate.limit() as f64;
+        if self.updated_ms == 0 {
+            self.tokens = capacity;
+        } else {
+            // A wall clock stepping back refills nothing rather than going negative.
+            let elapsed = now_ms.saturating_sub(self.updated_ms) as f64;
+            self.tokens = (self.tokens + elapsed * capacity / rate.period_ms() as f64).min(capacity);
+        }
+        self.updated_ms = now_ms.max(1);
+    }
+
+    /// Takes `cost` tokens if there are enough; returns the state as a check result.
+    pub fn take(&mut self, now_ms: u64, rate: Rate, cost: u64) -> CheckResult {
+        self.refill(now_ms, rate);
+        let allowed = self.tokens + 1e-9 >= cost as f64;
+        if allowed {
+            self.tokens = (self.tokens - cost as f64).max(0.0);
+        }
+        let per_token_ms = rate.ms_per_token();
+        CheckResult {
+            allowed,
+            limit: rate.limit(),
+            remaining: (self.tokens + 1e-9).floor() as u64,
+            reset_ms: ((rate.limit() as f64 - self.tokens) * per_token_ms).ceil() as u64,
+            retry_after_ms: if allowed {
+                0
+            } else {
+                ((cost as f64 - self.tokens) * per_token_ms).ceil() as u64
+            },
+            granted: if allowed { cost } else { 0 },
+        }
+    }
+
+    pub fn give_back(&mut self, rate: Rate, tokens: u64) {
+        self.tokens = (self.tokens + tokens as f64).min(rate.limit() as f64);
+    }
+}

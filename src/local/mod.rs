@@ -1,0 +1,390 @@
+//! The per-Envoy layer in front of the shim, kept in Envoy shared data so that every
+//! worker thread sees it: local token buckets, the deny cache and token leases.
+//!
+//! A [`LocalLayer`] is the configuration and the slot table ([`slots`]) together. For a
+//! planned request it runs, check by check, the deny cache, the local bucket
+//! ([`bucket`]) and the lease, and leaves each check decided here or for the shim
+//! ([`LocalPass`]). When the shim answers, it learns from the answer (leases granted,
+//! keys to deny until their retry time); when the shim cannot answer, it applies each
+//! rule's local fallback. Whatever it charged is given back when the request ends up
+//! refused. Pure over a [`SlotStore`]: the host layer implements it over shared data,
+//! tests over a map.
+
+mod bucket;
+mod slots;
+#[cfg(test)]
+pub(crate) mod tests;
+
+pub use bucket::Bucket;
+pub use slots::{create_slots, fingerprint, slot_of, SlotError, SlotRecord, SlotStore, RECORD_LEN};
+
+use crate::config::{FilterConfig, Rule, RuleFailureMode, Scope};
+use crate::plan::PlannedCheck;
+use crate::stats::{Count, Stat};
+use crate::wire::{CheckResult, Rate};
+use slots::update;
+
+/// The local layer of one filter instance: its configuration over its slot table.
+pub struct LocalLayer<'a, S> {
+    pub config: &'a FilterConfig,
+    pub store: &'a S,
+}
+
+/// Where one planned check stands.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CheckState {
+    /// Decided: by a local rule, a lease, a refusal, the shim's answer or a fallback.
+    Known(CheckResult),
+    /// For the shim to decide, asking for a lease of `lease` tokens (0: no lease).
+    AskShim { lease: u64 },
+    /// Not decided: the request was refused before this check, or the shim failed and
+    /// the rule lets requests through unseen.
+    Unknown,
+}
+
+/// Where a request stands after the local layer: one state per planned check.
+#[derive(Debug, Default)]
+pub struct LocalPass {
+    pub checks: Vec<CheckState>,
+    /// An enforcing check refused here; nothing stays charged then.
+    pub refused: bool,
+    /// Stats the local layer's decisions bump.
+    pub counts: Vec<Count>,
+    charges: Vec<Charge>,
+}
+
+impl LocalPass {
+    /// Whether some check waits for the shim.
+    pub fn asks_shim(&self) -> bool {
+        self.checks
+            .iter()
+            .any(|state| matches!(state, CheckState::AskShim { .. }))
+    }
+}
+
+/// A local charge to give back if the request ends up refused.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Charge {
+    fingerprint: u64,
+    kind: ChargeKind,
+    cost: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ChargeKind {
+    Bucket(Rate),
+    Fallback(Rate),
+    Lease,
+}
+
+impl Charge {
+    fn refund(&self, record: &mut SlotRecord) {
+        match self.kind {
+            ChargeKind::Bucket(rate) => record.bucket.give_back(rate, self.cost),
+            ChargeKind::Fallback(rate) => record.fallback.give_back(rate, self.cost),
+            ChargeKind::Lease => record.lease_tokens += self.cost,
+        }
+    }
+}
+
+/// What the local layer decided for one check, before its shared data is written back.
+enum LocalStep {
+    Continue,
+    DenyCached(CheckResult),
+    Bucket(CheckResult, Rate),
+    Leased(CheckResult, Option<Rate>),
+}
+
+/// The shim's answer did not carry one result per check sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MismatchedAnswer {
+    pub expected: usize,
+    pub received: usize,
+}
+
+/// What a failed shim call means for the request, once each pending rule's failure mode
+/// has been applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackVerdict {
+    /// Let it through; checks hold what local fallbacks decided.
+    Allow,
+    /// A rule fails closed.
+    Closed,
+    /// A local fallback bucket refused.
+    Refused,
+}
+
+impl<S: SlotStore> LocalLayer<'_, S> {
+    fn update<R>(
+        &self,
+        fingerprint: u64,
+        apply: impl FnMut(&mut SlotRecord) -> (R, bool),
+    ) -> Result<R, SlotError> {
+        update(self.store, self.config.local_slots, fingerprint, apply)
+    }
+
+    /// Runs the local layer for a planned request: deny cache, local buckets, leases.
+    pub fn before_shim(&self, planned: &[PlannedCheck], now_ms: u64) -> LocalPass {
+        let mut pass = LocalPass {
+            checks: vec![CheckState::Unknown; planned.len()],
+            ..LocalPass::default()
+        };
+        for (item, state) in planned.iter().zip(pass.checks.iter_mut()) {
+            let rule = &*item.rule;
+            let fingerprint = fingerprint(&item.check.key);
+            let own_rate = item.rate;
+            let count = |stat| Count {
+                rule_index: item.rule_index,
+                stat,
+            };
+            let step = match self.update(fingerprint, |record| self.step(record, rule, item, now_ms)) {
+                Ok(step) => step,
+                // A local rule never calls the shim: without local state its failure
+                // mode decides here.
+                Err(_) if rule.scope == Scope::Local => {
+                    let allowed = rule.on_failure != RuleFailureMode::Closed;
+                    LocalStep::Bucket(
+                        CheckResult {
+                            allowed,
+                            limit: item.check.limit,
+                            retry_after_ms: if allowed { 0 } else { 1_000 },
+                            granted: if allowed { item.check.cost } else { 0 },
+                            ..CheckResult::default()
+                        },
+                        own_rate,
+                    )
+                }
+                // Without local state, the shim still decides a global rule.
+                Err(_) => LocalStep::Continue,
+            };
+            let ask_shim = CheckState::AskShim {
+                lease: rule.lease.map_or(0, |lease| lease.size),
+            };
+            let charge = |kind| Charge {
+                fingerprint,
+                kind,
+                cost: item.check.cost,
+            };
+            match step {
+                LocalStep::DenyCached(result) => {
+                    pass.counts.push(count(Stat::DenyCacheHits));
+                    *state = CheckState::Known(result);
+                    pass.refused = true;
+                }
+                LocalStep::Bucket(result, _) if !result.allowed => {
+                    pass.counts.push(count(Stat::DeniedLocally));
+                    *state = CheckState::Known(result);
+                    pass.refused |= !rule.shadow;
+                }
+                LocalStep::Bucket(result, rate) => {
+                    pass.charges.push(charge(ChargeKind::Bucket(rate)));
+                    *state = match rule.scope {
+                        Scope::Local => CheckState::Known(result),
+                        Scope::Global => ask_shim,
+                    };
+                }
+                LocalStep::Leased(result, bucket) => {
+                    if let Some(rate) = bucket {
+                        pass.charges.push(charge(ChargeKind::Bucket(rate)));
+                    }
+                    pass.charges.push(charge(ChargeKind::Lease));
+                    pass.counts.push(count(Stat::LeaseHits));
+                    *state = CheckState::Known(result);
+                }
+                LocalStep::Continue => *state = ask_shim,
+            }
+            if pass.refused {
+                break;
+            }
+        }
+        if pass.refused {
+            self.give_back(&pass.charges);
+            for state in &mut pass.checks {
+                if let CheckState::AskShim { .. } = state {
+                    *state = CheckState::Unknown;
+                }
+            }
+        }
+        pass
+    }
+
+    /// One check against its slot record: the deny cache, then the local bucket, then
+    /// the lease. Returns the step and whether the record changed.
+    fn step(
+        &self,
+        record: &mut SlotRecord,
+        rule: &Rule,
+        item: &PlannedCheck,
+        now_ms: u64,
+    ) -> (LocalStep, bool) {
+        let check = &item.check;
+        if self.config.deny_cache
+            && !rule.shadow
+            && record.deny_until_ms > now_ms
+            && check.cost >= record.deny_cost
+        {
+            let refusal = CheckResult {
+                allowed: false,
+                limit: check.limit,
+                remaining: 0,
+                // The reset the shim's refusal reported, not the retry time.
+                reset_ms: record.deny_reset_at_ms.max(record.deny_until_ms) - now_ms,
+                retry_after_ms: record.deny_until_ms - now_ms,
+                granted: 0,
+            };
+            return (LocalStep::DenyCached(refusal), false);
+        }
+        let bucket_rate = match rule.scope {
+            Scope::Local => Some(item.rate),
+            Scope::Global => rule.local,
+        };
+        let mut step = LocalStep::Continue;
+        if let Some(rate) = bucket_rate {
+            let result = record.bucket.take(now_ms, rate, check.cost);
+            step = LocalStep::Bucket(result, rate);
+            if !result.allowed {
+                return (step, true);
+            }
+        }
+        let use_lease = rule.scope == Scope::Global && rule.lease.is_some();
+        if use_lease && record.lease_tokens >= check.cost && now_ms < record.lease_expires_ms {
+            record.lease_tokens -= check.cost;
+            let leased = CheckResult {
+                allowed: true,
+                limit: check.limit,
+                remaining: record.lease_tokens,
+                reset_ms: record.lease_expires_ms - now_ms,
+                retry_after_ms: 0,
+                granted: check.cost,
+            };
+            step = LocalStep::Leased(leased, bucket_rate);
+        }
+        let write = !matches!(step, LocalStep::Continue);
+        (step, write)
+    }
+
+    fn give_back(&self, charges: &[Charge]) {
+        for charge in charges {
+            // Best effort: a lost refund only makes the local layer stricter.
+            let _ = self.update(charge.fingerprint, |record| {
+                charge.refund(record);
+                ((), true)
+            });
+        }
+    }
+
+    /// Merges the shim's answer (one result per check asked) into the pass, then records
+    /// what the answer teaches: leases granted, keys to deny until their retry time.
+    /// When the request is refused, local charges are given back.
+    pub fn merge_answer(
+        &self,
+        planned: &[PlannedCheck],
+        pass: &mut LocalPass,
+        results: &[CheckResult],
+        now_ms: u64,
+    ) -> Result<(), MismatchedAnswer> {
+        let asked: Vec<(&PlannedCheck, u64, &mut CheckState)> = planned
+            .iter()
+            .zip(pass.checks.iter_mut())
+            .filter_map(|(item, state)| match *state {
+                CheckState::AskShim { lease } => Some((item, lease, state)),
+                _ => None,
+            })
+            .collect();
+        if asked.len() != results.len() {
+            return Err(MismatchedAnswer {
+                expected: asked.len(),
+                received: results.len(),
+            });
+        }
+        let mut learned = Vec::with_capacity(asked.len());
+        for ((item, lease_size, state), result) in asked.into_iter().zip(results) {
+            *state = CheckState::Known(*result);
+            learned.push((item, lease_size, *result));
+        }
+        let allowed = planned.iter().zip(&pass.checks).all(|(item, state)| {
+            item.rule.shadow || matches!(state, CheckState::Known(result) if result.allowed)
+        });
+        for (item, lease_size, result) in learned {
+            self.learn(item, lease_size, &result, allowed, now_ms);
+        }
+        if !allowed {
+            self.give_back(&pass.charges);
+        }
+        Ok(())
+    }
+
+    /// Records a refusal in the deny cache and a granted lease in the counter's slot.
+    fn learn(&self, item: &PlannedCheck, lease_size: u64, result: &CheckResult, allowed: bool, now_ms: u64) {
+        let rule = &*item.rule;
+        let cost = item.check.cost;
+        let remember_denial =
+            self.config.deny_cache && !rule.shadow && !result.allowed && result.retry_after_ms > 0;
+        let lease = rule
+            .lease
+            .filter(|_| allowed && lease_size > 0 && result.granted > cost);
+        if !remember_denial && lease.is_none() {
+            return;
+        }
+        let _ = self.update(fingerprint(&item.check.key), |record| {
+            if remember_denial {
+                record.deny_until_ms = now_ms + result.retry_after_ms;
+                record.deny_cost = cost;
+                record.deny_reset_at_ms = now_ms + result.reset_ms;
+            }
+            if let Some(lease) = lease {
+                if now_ms >= record.lease_expires_ms {
+                    record.lease_tokens = 0;
+                }
+                record.lease_tokens += result.granted - cost;
+                record.lease_expires_ms = now_ms + lease.ttl.as_ms();
+            }
+            ((), true)
+        });
+    }
+
+    /// Applies each pending rule's failure mode after the shim gave no answer.
+    pub fn fall_back(&self, planned: &[PlannedCheck], pass: &mut LocalPass, now_ms: u64) -> FallbackVerdict {
+        let mut verdict = FallbackVerdict::Allow;
+        for (item, state) in planned.iter().zip(pass.checks.iter_mut()) {
+            if !matches!(state, CheckState::AskShim { .. }) {
+                continue;
+            }
+            *state = CheckState::Unknown;
+            let rule = &*item.rule;
+            let cost = item.check.cost;
+            match rule.on_failure {
+                RuleFailureMode::Open => {}
+                RuleFailureMode::Closed if rule.shadow => {}
+                RuleFailureMode::Closed => {
+                    verdict = FallbackVerdict::Closed;
+                    break;
+                }
+                RuleFailureMode::Local(rate) => {
+                    let fingerprint = fingerprint(&item.check.key);
+                    let taken = self.update(fingerprint, |record| {
+                        (record.fallback.take(now_ms, rate, cost), true)
+                    });
+                    // No local state either: this rule cannot decide, so it lets the
+                    // request through.
+                    if let Ok(result) = taken {
+                        *state = CheckState::Known(result);
+                        if result.allowed {
+                            pass.charges.push(Charge {
+                                fingerprint,
+                                kind: ChargeKind::Fallback(rate),
+                                cost,
+                            });
+                        } else if !rule.shadow && verdict == FallbackVerdict::Allow {
+                            verdict = FallbackVerdict::Refused;
+                        }
+                    }
+                }
+            }
+        }
+        if verdict != FallbackVerdict::Allow {
+            self.give_back(&pass.charges);
+        }
+        verdict
+    }
+}

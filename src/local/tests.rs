@@ -1,0 +1,319 @@
+use super::*;
+// On wasm32 the same tests run under wasm-bindgen-test (Node).
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+use super::slots::update;
+use crate::attributes::fake::FakeRequest;
+use crate::plan::plan;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+/// Shared data as a map of slot -> (bytes, version), like Envoy's.
+#[derive(Default)]
+pub(crate) struct MapStore {
+    slots: RefCell<HashMap<u32, (Vec<u8>, u32)>>,
+    /// Writes to fail with a CAS mismatch, as if another worker wrote first.
+    conflicts: Cell<usize>,
+}
+
+impl MapStore {
+    /// A store with every slot of `config`'s table created, as `on_configure` does.
+    pub(crate) fn with_slots(config: &FilterConfig) -> MapStore {
+        let store = MapStore::default();
+        create_slots(&store, config.local_slots).unwrap();
+        store
+    }
+}
+
+impl SlotStore for MapStore {
+    fn load(&self, slot: u32) -> Option<(Vec<u8>, u32)> {
+        self.slots.borrow().get(&slot).cloned()
+    }
+    fn store(&self, slot: u32, bytes: &[u8], cas: Option<u32>) -> Result<bool, SlotError> {
+        let mut slots = self.slots.borrow_mut();
+        let version = slots.get(&slot).map_or(0, |(_, v)| *v);
+        if self.conflicts.get() > 0 {
+            self.conflicts.set(self.conflicts.get() - 1);
+            let (bytes, _) = slots.get(&slot).cloned().unwrap_or_default();
+            slots.insert(slot, (bytes, version + 1));
+            return Ok(false);
+        }
+        if cas.is_some_and(|cas| cas != version) {
+            return Ok(false);
+        }
+        slots.insert(slot, (bytes.to_vec(), version + 1));
+        Ok(true)
+    }
+}
+
+fn config(rules: &str, extra: &str) -> FilterConfig {
+    let json = format!(r#"{{"shim_cluster": "c", "local_slots": 64, {extra} "rules": [{rules}]}}"#);
+    FilterConfig::from_json(json.as_bytes()).unwrap()
+}
+
+fn layer<'a>(config: &'a FilterConfig, store: &'a MapStore) -> LocalLayer<'a, MapStore> {
+    LocalLayer { config, store }
+}
+
+/// The result decided for the check at `position` of the plan.
+fn known(pass: &LocalPass, position: usize) -> CheckResult {
+    match pass.checks.get(position) {
+        Some(CheckState::Known(result)) => *result,
+        other => panic!("check {position} is {other:?}"),
+    }
+}
+
+fn ask(lease: u64) -> CheckState {
+    CheckState::AskShim { lease }
+}
+
+fn count(stat: Stat) -> Count {
+    Count { rule_index: 0, stat }
+}
+
+fn request(key: &str) -> FakeRequest {
+    FakeRequest::get("/").with_header("x-api-key", key)
+}
+
+fn shim_result(allowed: bool, granted: u64, retry_after_ms: u64) -> CheckResult {
+    CheckResult {
+        allowed,
+        limit: 100,
+        remaining: 50,
+        reset_ms: 1000,
+        retry_after_ms,
+        granted,
+    }
+}
+
+const LOCAL_RULE: &str =
+    r#"{"name": "local", "scope": "local", "key": [{"header": "x-api-key"}], "limit": 3, "period": "3s"}"#;
+
+#[test]
+fn records_round_trip_and_garbage_reads_as_empty() {
+    let record = SlotRecord {
+        fingerprint: 7,
+        bucket: Bucket {
+            tokens: 2.5,
+            updated_ms: 99,
+        },
+        deny_until_ms: 5,
+        deny_cost: 2,
+        lease_tokens: 9,
+        lease_expires_ms: 11,
+        ..SlotRecord::default()
+    };
+    assert_eq!(SlotRecord::decode(&record.encode()), record);
+    assert_eq!(SlotRecord::decode(b"short"), SlotRecord::default());
+}
+
+#[test]
+fn a_local_rule_admits_its_limit_then_refuses_until_refilled() {
+    let config = config(LOCAL_RULE, "");
+    let store = MapStore::with_slots(&config);
+    let planned = plan(&config, &request("k"));
+    let outcomes: Vec<bool> = (0..5)
+        .map(|_| !layer(&config, &store).before_shim(&planned, 1_000).refused)
+        .collect();
+    assert_eq!(outcomes, [true, true, true, false, false]);
+    let refused = layer(&config, &store).before_shim(&planned, 1_000);
+    let result = known(&refused, 0);
+    assert_eq!((result.remaining, result.retry_after_ms), (0, 1_000));
+    assert!(!refused.asks_shim());
+    // One token per second comes back.
+    assert!(!layer(&config, &store).before_shim(&planned, 2_000).refused);
+    assert!(layer(&config, &store).before_shim(&planned, 2_000).refused);
+}
+
+#[test]
+fn a_conflicting_write_is_retried_and_never_spends_a_token_twice() {
+    let config = config(LOCAL_RULE, "");
+    let store = MapStore::with_slots(&config);
+    let planned = plan(&config, &request("k"));
+    store.conflicts.set(3);
+    let admitted = (0..10)
+        .filter(|_| !layer(&config, &store).before_shim(&planned, 1_000).refused)
+        .count();
+    assert_eq!(admitted, 3);
+    store.conflicts.set(usize::MAX);
+    // Endless contention: the local layer gives up, it does not spin or panic.
+    assert_eq!(update(&store, 64, 5, |_| ((), true)), Err(SlotError::Contended));
+}
+
+#[test]
+fn the_table_stays_bounded_and_a_flood_of_keys_shares_its_buckets() {
+    let config = config(LOCAL_RULE, "");
+    let store = MapStore::with_slots(&config);
+    let admitted = (0..1_000)
+        .filter(|i| {
+            let planned = plan(&config, &request(&format!("key-{i}")));
+            !layer(&config, &store).before_shim(&planned, 1_000).refused
+        })
+        .count();
+    assert_eq!(store.slots.borrow().len(), 64);
+    // At one instant, at most one bucket of 3 per slot.
+    assert!(admitted <= 64 * 3, "{admitted} admitted");
+}
+
+// Regression: a slot taken over started from a full bucket, so a key crafted to land
+// in a victim's slot reset the victim's local limit on every request.
+#[test]
+fn a_colliding_key_cannot_refill_anothers_bucket() {
+    let config = config(LOCAL_RULE, "");
+    let store = MapStore::with_slots(&config);
+    let victim = plan(&config, &request("victim"));
+    let slot = slot_of(fingerprint(&victim[0].check.key), config.local_slots);
+    let attacker = (0..)
+        .map(|i| plan(&config, &request(&format!("attacker-{i}"))))
+        .find(|p| slot_of(fingerprint(&p[0].check.key), config.local_slots) == slot)
+        .unwrap();
+    let mut admitted = 0;
+    for _ in 0..10 {
+        admitted += usize::from(!layer(&config, &store).before_shim(&attacker, 1_000).refused);
+        admitted += usize::from(!layer(&config, &store).before_shim(&victim, 1_000).refused);
+    }
+    assert_eq!(admitted, 3, "the two keys share one bucket of 3");
+}
+
+#[test]
+fn a_denied_key_is_refused_locally_until_its_retry_time() {
+    let rule = r#"{"name": "g", "key": [{"header": "x-api-key"}], "limit": 100, "period": "1m"}"#;
+    let config = config(rule, "");
+    let store = MapStore::with_slots(&config);
+    let local = layer(&config, &store);
+    let planned = plan(&config, &request("abuser"));
+    let mut pass = local.before_shim(&planned, 1_000);
+    assert_eq!(pass.checks, [ask(0)]);
+    let refusal = CheckResult {
+        reset_ms: 60_000,
+        ..shim_result(false, 0, 5_000)
+    };
+    local
+        .merge_answer(&planned, &mut pass, &[refusal], 1_000)
+        .unwrap();
+    assert_eq!(pass.checks, [CheckState::Known(refusal)]);
+    let cached = local.before_shim(&planned, 3_000);
+    assert!(cached.refused);
+    assert_eq!(cached.counts, [count(Stat::DenyCacheHits)]);
+    assert_eq!(known(&cached, 0).retry_after_ms, 3_000);
+    // The cached refusal reports the shim's reset (full at 61,000 ms), as it did.
+    assert_eq!(known(&cached, 0).reset_ms, 58_000);
+    // At the retry time the shim is asked again; other keys never were cached.
+    assert_eq!(local.before_shim(&planned, 6_000).checks, [ask(0)]);
+    assert!(
+        !local
+            .before_shim(&plan(&config, &request("polite")), 3_000)
+            .refused
+    );
+}
+
+#[test]
+fn an_answer_that_does_not_match_the_checks_asked_changes_nothing() {
+    let rule = r#"{"name": "g", "key": [{"header": "x-api-key"}], "limit": 100, "period": "1m"}"#;
+    let config = config(rule, "");
+    let store = MapStore::with_slots(&config);
+    let local = layer(&config, &store);
+    let planned = plan(&config, &request("k"));
+    let mut pass = local.before_shim(&planned, 1_000);
+    let two = [shim_result(true, 1, 0), shim_result(true, 1, 0)];
+    assert_eq!(
+        local.merge_answer(&planned, &mut pass, &two, 1_000),
+        Err(MismatchedAnswer {
+            expected: 1,
+            received: 2
+        })
+    );
+    assert_eq!(pass.checks, [ask(0)]);
+}
+
+#[test]
+fn leases_serve_requests_locally_until_spent_or_expired() {
+    let rule = r#"{"name": "g", "key": [{"header": "x-api-key"}], "limit": 100, "period": "1m",
+                   "lease": {"size": 5, "ttl": "1s"}}"#;
+    let config = config(rule, "");
+    let store = MapStore::with_slots(&config);
+    let local = layer(&config, &store);
+    let planned = plan(&config, &request("k"));
+    let mut pass = local.before_shim(&planned, 1_000);
+    assert_eq!(pass.checks, [ask(5)], "asks for a lease of 5");
+    local
+        .merge_answer(&planned, &mut pass, &[shim_result(true, 5, 0)], 1_000)
+        .unwrap();
+    for _ in 0..4 {
+        let leased = local.before_shim(&planned, 1_100);
+        assert!(!leased.asks_shim());
+        assert_eq!(leased.counts, [count(Stat::LeaseHits)]);
+    }
+    assert_eq!(local.before_shim(&planned, 1_100).checks, [ask(5)], "lease spent");
+    let mut refill = local.before_shim(&planned, 1_200);
+    local
+        .merge_answer(&planned, &mut refill, &[shim_result(true, 5, 0)], 1_200)
+        .unwrap();
+    assert_eq!(
+        local.before_shim(&planned, 2_500).checks,
+        [ask(5)],
+        "lease expired"
+    );
+}
+
+#[test]
+fn a_refusal_by_the_shim_gives_local_charges_back() {
+    let rules = r#"{"name": "local", "scope": "local", "key": [{"header": "x-api-key"}], "limit": 1, "period": "1m"},
+                   {"name": "global", "key": [{"header": "x-api-key"}], "limit": 10, "period": "1m"}"#;
+    let config = config(rules, "");
+    let store = MapStore::with_slots(&config);
+    let local = layer(&config, &store);
+    let planned = plan(&config, &request("k"));
+    let mut pass = local.before_shim(&planned, 1_000);
+    assert!(matches!(
+        pass.checks[..],
+        [CheckState::Known(_), CheckState::AskShim { lease: 0 }]
+    ));
+    local
+        .merge_answer(&planned, &mut pass, &[shim_result(false, 0, 1)], 1_000)
+        .unwrap();
+    // The local token came back: once the deny cache lets the key through, the local
+    // rule does not refuse it.
+    assert!(!local.before_shim(&planned, 1_002).refused);
+}
+
+#[test]
+fn failure_modes_per_rule() {
+    let rule = |mode: &str| {
+        format!(r#"{{"name": "g", "key": [{{"header": "x-api-key"}}], "limit": 100, "period": "1m"{mode}}}"#)
+    };
+    let store = MapStore::default();
+    let run = |config: &FilterConfig| {
+        create_slots(&store, config.local_slots).unwrap();
+        let local = layer(config, &store);
+        let planned = plan(config, &request("k"));
+        let mut pass = local.before_shim(&planned, 1_000);
+        local.fall_back(&planned, &mut pass, 1_000)
+    };
+    assert_eq!(
+        run(&config(&rule(r#", "failure_mode": "open""#), "")),
+        FallbackVerdict::Allow
+    );
+    assert_eq!(
+        run(&config(&rule(r#", "failure_mode": "closed""#), "")),
+        FallbackVerdict::Closed
+    );
+    assert_eq!(
+        run(&config(&rule(""), r#""failure_mode": "closed","#)),
+        FallbackVerdict::Closed
+    );
+    let local = config(
+        &rule(r#", "failure_mode": "local", "fallback": {"limit": 2, "period": "1m"}"#),
+        "",
+    );
+    let verdicts: Vec<FallbackVerdict> = (0..3).map(|_| run(&local)).collect();
+    assert_eq!(
+        verdicts,
+        [
+            FallbackVerdict::Allow,
+            FallbackVerdict::Allow,
+            FallbackVerdict::Refused
+        ]
+    );
+}

@@ -1,0 +1,445 @@
+//! One request's decision, from its plan to its outcome: a small state machine, pure so
+//! that `cargo test` runs every transition natively.
+//!
+//! [`RequestDecision::start`] runs the local layer over the plan and either decides at
+//! once or names the checks to ask the shim; then one of [`RequestDecision::on_answer`]
+//! (the shim's results) or [`RequestDecision::on_failure`] (a [`ShimFailure`]) decides.
+//! Each step returns what to do with the request together with the [`Event`]s the host
+//! must record (stats, log lines): deciding never touches the host.
+
+use crate::config::RuleFailureMode;
+use crate::local::{CheckState, FallbackVerdict, LocalLayer, LocalPass, SlotStore};
+use crate::plan::PlannedCheck;
+use crate::response::{decide, shadow_refusals, unavailable, Judged, Outcome};
+use crate::shim_call::ShimFailure;
+use crate::stats::{Count, Stat};
+use crate::wire::{Check, CheckResult};
+
+/// Something the host records for a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Count(Count),
+    /// The named shadow rule would have refused this request (logged).
+    ShadowRefusal(String),
+    /// The shim gave no usable answer (logged as a warning).
+    ShimFailed(ShimFailure),
+}
+
+/// A step's result and the events to record for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition<T> {
+    pub next: T,
+    pub events: Vec<Event>,
+}
+
+/// Where a request goes after the local layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Start {
+    Decided(Outcome),
+    /// Ask the shim these checks, then call `on_answer` or `on_failure`.
+    AskShim(Vec<Check>),
+}
+
+/// A request's decision in progress.
+#[derive(Debug, Default)]
+pub struct RequestDecision {
+    /// Every applicable rule's check for this request.
+    planned: Vec<PlannedCheck>,
+    /// What the local layer and the shim have decided so far.
+    pass: LocalPass,
+}
+
+impl RequestDecision {
+    /// Runs the local layer over a non-empty plan.
+    pub fn start<S: SlotStore>(
+        local: &LocalLayer<'_, S>,
+        planned: Vec<PlannedCheck>,
+        now_ms: u64,
+    ) -> (RequestDecision, Transition<Start>) {
+        let pass = local.before_shim(&planned, now_ms);
+        let mut request = RequestDecision { planned, pass };
+        let mut events: Vec<Event> = request.pass.counts.drain(..).map(Event::Count).collect();
+        let next = if request.pass.refused || !request.pass.asks_shim() {
+            Start::Decided(request.decide_known(local, now_ms, &mut events))
+        } else {
+            let checks = request.checks_for_shim();
+            request.count_asked(Stat::ShimChecks, &mut events);
+            Start::AskShim(checks)
+        };
+        (request, Transition { next, events })
+    }
+
+    /// The shim's results, one per check asked.
+    pub fn on_answer<S: SlotStore>(
+        &mut self,
+        local: &LocalLayer<'_, S>,
+        results: &[CheckResult],
+        now_ms: u64,
+    ) -> Transition<Outcome> {
+        match local.merge_answer(&self.planned, &mut self.pass, results, now_ms) {
+            Ok(()) => {
+                let mut events = Vec::new();
+                let next = self.decide_known(local, now_ms, &mut events);
+                Transition { next, events }
+            }
+            Err(mismatch) => self.on_failure(
+                local,
+                ShimFailure::BadAnswer(format!(
+                    "{} results for {} checks",
+                    mismatch.received, mismatch.expected
+                )),
+                now_ms,
+            ),
+        }
+    }
+
+    /// The shim gave no usable answer: each pending rule's failure mode decides.
+    pub fn on_failure<S: SlotStore>(
+        &mut self,
+        local: &LocalLayer<'_, S>,
+        failure: ShimFailure,
+        now_ms: u64,
+    ) -> Transition<Outcome> {
+        let mut events = Vec::new();
+        let failed = if failure.is_timeout() {
+            Stat::ShimTimeouts
+        } else {
+            Stat::ShimErrors
+        };
+        self.count_asked(failed, &mut events);
+        // A rule falling back to a local bucket is counted as allowed or denied instead.
+        for (item, state) in self.planned.iter().zip(&self.pass.checks) {
+            let stat = match (state, item.rule.on_failure) {
+                (CheckState::AskShim { .. }, RuleFailureMode::Open) => Stat::FailedOpen,
+                (CheckState::AskShim { .. }, RuleFailureMode::Closed) => Stat::FailedClosed,
+                _ => continue,
+            };
+            events.push(Event::Count(Count {
+                rule_index: item.rule_index,
+                stat,
+            }));
+        }
+        events.push(Event::ShimFailed(failure));
+        let next = match local.fall_back(&self.planned, &mut self.pass, now_ms) {
+            FallbackVerdict::Closed => Outcome::Reply(unavailable()),
+            // Pending rules without a fallback decision pass unseen by the headers.
+            FallbackVerdict::Refused | FallbackVerdict::Allow => {
+                self.decide_known(local, now_ms, &mut events)
+            }
+        };
+        Transition { next, events }
+    }
+
+    /// What to ask the shim: each pending check, with the lease it asks for.
+    fn checks_for_shim(&self) -> Vec<Check> {
+        self.planned
+            .iter()
+            .zip(&self.pass.checks)
+            .filter_map(|(item, state)| match *state {
+                CheckState::AskShim { lease } => Some(Check {
+                    lease,
+                    ..item.check.clone()
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn count_asked(&self, stat: Stat, events: &mut Vec<Event>) {
+        for (item, state) in self.planned.iter().zip(&self.pass.checks) {
+            if let CheckState::AskShim { .. } = state {
+                events.push(Event::Count(Count {
+                    rule_index: item.rule_index,
+                    stat,
+                }));
+            }
+        }
+    }
+
+    /// Decides from every result known so far, and counts the decision per rule.
+    fn decide_known<S>(&self, local: &LocalLayer<'_, S>, now_ms: u64, events: &mut Vec<Event>) -> Outcome {
+        let judged: Vec<(usize, Judged<'_>)> = self
+            .planned
+            .iter()
+            .zip(&self.pass.checks)
+            .filter_map(|(item, state)| match *state {
+                CheckState::Known(result) => Some((
+                    item.rule_index,
+                    Judged {
+                        rule: &item.rule,
+                        check: &item.check,
+                        result,
+                    },
+                )),
+                _ => None,
+            })
+            .collect();
+        let (rule_indices, judged): (Vec<usize>, Vec<Judged<'_>>) = judged.into_iter().unzip();
+        events.extend(
+            shadow_refusals(&judged)
+                .into_iter()
+                .map(|rule| Event::ShadowRefusal(rule.to_string())),
+        );
+        let outcome = decide(&judged, now_ms, &local.config.response);
+        let allowed = matches!(outcome, Outcome::Allow { .. });
+        for (rule_index, judged) in rule_indices.into_iter().zip(&judged) {
+            let stat = match (judged.rule.shadow, judged.result.allowed, allowed) {
+                (true, false, _) => Stat::ShadowDenied,
+                (false, false, _) => Stat::Denied,
+                (_, true, true) => Stat::Allowed,
+                (_, true, false) => continue,
+            };
+            events.push(Event::Count(Count { rule_index, stat }));
+        }
+        outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attributes::fake::FakeRequest;
+    use crate::config::FilterConfig;
+    use crate::local::tests::MapStore;
+    use crate::plan::plan;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    const NOW_MS: u64 = 1_700_000_000_000;
+
+    fn config(rules: &str) -> FilterConfig {
+        let json = format!(r#"{{"shim_cluster": "c", "local_slots": 64, "rules": [{rules}]}}"#);
+        FilterConfig::from_json(json.as_bytes()).unwrap()
+    }
+
+    fn global(name: &str, extra: &str) -> String {
+        format!(
+            r#"{{"name": "{name}", "key": [{{"header": "x-api-key"}}], "limit": 10, "period": "10s"{extra}}}"#
+        )
+    }
+
+    /// Starts a request for API key `k` against `config`.
+    fn start(config: &FilterConfig, store: &MapStore) -> (RequestDecision, Transition<Start>) {
+        start_for("k", config, store)
+    }
+
+    fn start_for(
+        api_key: &str,
+        config: &FilterConfig,
+        store: &MapStore,
+    ) -> (RequestDecision, Transition<Start>) {
+        let local = LocalLayer { config, store };
+        let planned = plan(config, &FakeRequest::get("/").with_header("x-api-key", api_key));
+        RequestDecision::start(&local, planned, NOW_MS)
+    }
+
+    fn result(allowed: bool) -> CheckResult {
+        CheckResult {
+            allowed,
+            limit: 10,
+            remaining: if allowed { 9 } else { 0 },
+            reset_ms: 1_000,
+            retry_after_ms: if allowed { 0 } else { 1_000 },
+            granted: u64::from(allowed),
+        }
+    }
+
+    fn counted(events: &[Event]) -> Vec<(usize, Stat)> {
+        events
+            .iter()
+            .filter_map(|event| match event {
+                Event::Count(count) => Some((count.rule_index, count.stat)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn status(outcome: &Outcome) -> u32 {
+        match outcome {
+            Outcome::Allow { .. } => 200,
+            Outcome::Reply(reply) => reply.status,
+        }
+    }
+
+    #[test]
+    fn a_local_rule_decides_without_the_shim() {
+        let config = config(
+            r#"{"name": "l", "scope": "local", "key": [{"header": "x-api-key"}], "limit": 1, "period": "1m"}"#,
+        );
+        let store = MapStore::with_slots(&config);
+        let (_, first) = start(&config, &store);
+        let Start::Decided(Outcome::Allow { headers }) = first.next else {
+            panic!("{:?}", first.next)
+        };
+        assert!(headers
+            .iter()
+            .any(|(name, value)| name == "x-ratelimit-remaining" && value == "0"));
+        assert_eq!(counted(&first.events), [(0, Stat::Allowed)]);
+        let (_, second) = start(&config, &store);
+        let Start::Decided(outcome) = second.next else {
+            panic!("{:?}", second.next)
+        };
+        assert_eq!(status(&outcome), 429);
+        assert_eq!(
+            counted(&second.events),
+            [(0, Stat::DeniedLocally), (0, Stat::Denied)]
+        );
+    }
+
+    #[test]
+    fn a_global_rule_asks_the_shim_and_its_answer_decides() {
+        let config = config(
+            &[
+                global("a", ""),
+                global("b", r#", "lease": {"size": 5, "ttl": "1s"}"#),
+            ]
+            .join(","),
+        );
+        let store = MapStore::with_slots(&config);
+        let local = LocalLayer {
+            config: &config,
+            store: &store,
+        };
+        let (mut request, started) = start(&config, &store);
+        let Start::AskShim(checks) = started.next else {
+            panic!("{:?}", started.next)
+        };
+        assert_eq!(checks.iter().map(|c| c.lease).collect::<Vec<_>>(), [0, 5]);
+        assert_eq!(
+            counted(&started.events),
+            [(0, Stat::ShimChecks), (1, Stat::ShimChecks)]
+        );
+        let answered = request.on_answer(&local, &[result(true), result(false)], NOW_MS);
+        assert_eq!(status(&answered.next), 429);
+        // Rule `a` admitted a request that `b` refused: counted for neither as allowed.
+        assert_eq!(counted(&answered.events), [(1, Stat::Denied)]);
+
+        let (mut allowed, _) = start_for("other", &config, &store);
+        let answered = allowed.on_answer(&local, &[result(true), result(true)], NOW_MS);
+        assert_eq!(status(&answered.next), 200);
+        assert_eq!(
+            counted(&answered.events),
+            [(0, Stat::Allowed), (1, Stat::Allowed)]
+        );
+    }
+
+    #[test]
+    fn a_shadow_refusal_is_logged_and_counted_but_never_refuses() {
+        let config = config(&global("trial", r#", "shadow": true"#));
+        let store = MapStore::with_slots(&config);
+        let local = LocalLayer {
+            config: &config,
+            store: &store,
+        };
+        let (mut request, _) = start(&config, &store);
+        let answered = request.on_answer(&local, &[result(false)], NOW_MS);
+        assert_eq!(answered.next, Outcome::Allow { headers: vec![] });
+        assert!(answered.events.contains(&Event::ShadowRefusal("trial".into())));
+        assert_eq!(counted(&answered.events), [(0, Stat::ShadowDenied)]);
+    }
+
+    #[test]
+    fn without_an_answer_each_rules_failure_mode_decides() {
+        let config = config(
+            &[
+                global("open", r#", "failure_mode": "open""#),
+                global("closed", r#", "failure_mode": "closed""#),
+            ]
+            .join(","),
+        );
+        let store = MapStore::with_slots(&config);
+        let local = LocalLayer {
+            config: &config,
+            store: &store,
+        };
+        let (mut request, _) = start(&config, &store);
+        let failed = request.on_failure(&local, ShimFailure::Timeout, NOW_MS);
+        assert_eq!(status(&failed.next), 503);
+        assert_eq!(
+            counted(&failed.events),
+            [
+                (0, Stat::ShimTimeouts),
+                (1, Stat::ShimTimeouts),
+                (0, Stat::FailedOpen),
+                (1, Stat::FailedClosed)
+            ]
+        );
+        assert!(failed.events.contains(&Event::ShimFailed(ShimFailure::Timeout)));
+
+        let open_only = self::config(&global("open", r#", "failure_mode": "open""#));
+        let local = LocalLayer {
+            config: &open_only,
+            store: &store,
+        };
+        let (mut request, _) = start(&open_only, &store);
+        let failed = request.on_failure(
+            &local,
+            ShimFailure::Unreachable("no healthy upstream".into()),
+            NOW_MS,
+        );
+        // Fails open: through, and unseen by the headers.
+        assert_eq!(failed.next, Outcome::Allow { headers: vec![] });
+        assert_eq!(
+            counted(&failed.events),
+            [(0, Stat::ShimErrors), (0, Stat::FailedOpen)]
+        );
+    }
+
+    #[test]
+    fn a_local_fallback_limits_while_the_shim_is_down() {
+        let config = config(&global(
+            "g",
+            r#", "failure_mode": "local", "fallback": {"limit": 1, "period": "1m"}"#,
+        ));
+        let store = MapStore::with_slots(&config);
+        let local = LocalLayer {
+            config: &config,
+            store: &store,
+        };
+        let statuses: Vec<u32> = (0..2)
+            .map(|_| {
+                let (mut request, _) = start(&config, &store);
+                status(&request.on_failure(&local, ShimFailure::ShuttingDown, NOW_MS).next)
+            })
+            .collect();
+        assert_eq!(statuses, [200, 429]);
+    }
+
+    #[test]
+    fn an_answer_that_does_not_match_is_a_failure() {
+        let config = config(&global("g", r#", "failure_mode": "closed""#));
+        let store = MapStore::with_slots(&config);
+        let local = LocalLayer {
+            config: &config,
+            store: &store,
+        };
+        let (mut request, _) = start(&config, &store);
+        let answered = request.on_answer(&local, &[], NOW_MS);
+        assert_eq!(status(&answered.next), 503);
+        assert!(answered
+            .events
+            .iter()
+            .any(|event| matches!(event, Event::ShimFailed(ShimFailure::BadAnswer(_)))));
+    }
+
+    #[test]
+    fn a_refusal_is_remembered_and_the_next_request_refused_without_the_shim() {
+        let config = config(&global("g", ""));
+        let store = MapStore::with_slots(&config);
+        let local = LocalLayer {
+            config: &config,
+            store: &store,
+        };
+        let (mut request, _) = start(&config, &store);
+        request.on_answer(&local, &[result(false)], NOW_MS);
+        let (_, next) = start(&config, &store);
+        let Start::Decided(outcome) = next.next else {
+            panic!("{:?}", next.next)
+        };
+        assert_eq!(status(&outcome), 429);
+        assert_eq!(
+            counted(&next.events),
+            [(0, Stat::DenyCacheHits), (0, Stat::Denied)]
+        );
+    }
+}
