@@ -228,9 +228,12 @@ mod tests {
         config: &FilterConfig,
         store: &MapStore,
     ) -> (RequestDecision, Transition<Start>) {
-        let local = LocalLayer { config, store };
         let planned = plan(config, &FakeRequest::get("/").with_header("x-api-key", api_key));
-        RequestDecision::start(&local, planned, NOW_MS)
+        RequestDecision::start(&layer(config, store), planned, NOW_MS)
+    }
+
+    fn layer<'a>(config: &'a FilterConfig, store: &'a MapStore) -> LocalLayer<'a, MapStore> {
+        LocalLayer { config, store }
     }
 
     fn result(allowed: bool) -> CheckResult {
@@ -296,10 +299,7 @@ mod tests {
             .join(","),
         );
         let store = MapStore::with_slots(&config);
-        let local = LocalLayer {
-            config: &config,
-            store: &store,
-        };
+        let local = layer(&config, &store);
         let (mut request, started) = start(&config, &store);
         let Start::AskShim(checks) = started.next else {
             panic!("{:?}", started.next)
@@ -327,10 +327,7 @@ mod tests {
     fn a_shadow_refusal_is_logged_and_counted_but_never_refuses() {
         let config = config(&global("trial", r#", "shadow": true"#));
         let store = MapStore::with_slots(&config);
-        let local = LocalLayer {
-            config: &config,
-            store: &store,
-        };
+        let local = layer(&config, &store);
         let (mut request, _) = start(&config, &store);
         let answered = request.on_answer(&local, &[result(false)], NOW_MS);
         assert_eq!(answered.next, Outcome::Allow { headers: vec![] });
@@ -348,10 +345,7 @@ mod tests {
             .join(","),
         );
         let store = MapStore::with_slots(&config);
-        let local = LocalLayer {
-            config: &config,
-            store: &store,
-        };
+        let local = layer(&config, &store);
         let (mut request, _) = start(&config, &store);
         let failed = request.on_failure(&local, ShimFailure::Timeout, NOW_MS);
         assert_eq!(status(&failed.next), 503);
@@ -367,10 +361,7 @@ mod tests {
         assert!(failed.events.contains(&Event::ShimFailed(ShimFailure::Timeout)));
 
         let open_only = self::config(&global("open", r#", "failure_mode": "open""#));
-        let local = LocalLayer {
-            config: &open_only,
-            store: &store,
-        };
+        let local = layer(&open_only, &store);
         let (mut request, _) = start(&open_only, &store);
         let failed = request.on_failure(
             &local,
@@ -392,10 +383,7 @@ mod tests {
             r#", "failure_mode": "local", "fallback": {"limit": 1, "period": "1m"}"#,
         ));
         let store = MapStore::with_slots(&config);
-        let local = LocalLayer {
-            config: &config,
-            store: &store,
-        };
+        let local = layer(&config, &store);
         let statuses: Vec<u32> = (0..2)
             .map(|_| {
                 let (mut request, _) = start(&config, &store);
@@ -409,10 +397,7 @@ mod tests {
     fn an_answer_that_does_not_match_is_a_failure() {
         let config = config(&global("g", r#", "failure_mode": "closed""#));
         let store = MapStore::with_slots(&config);
-        let local = LocalLayer {
-            config: &config,
-            store: &store,
-        };
+        let local = layer(&config, &store);
         let (mut request, _) = start(&config, &store);
         let answered = request.on_answer(&local, &[], NOW_MS);
         assert_eq!(status(&answered.next), 503);
@@ -426,10 +411,7 @@ mod tests {
     fn a_refusal_is_remembered_and_the_next_request_refused_without_the_shim() {
         let config = config(&global("g", ""));
         let store = MapStore::with_slots(&config);
-        let local = LocalLayer {
-            config: &config,
-            store: &store,
-        };
+        let local = layer(&config, &store);
         let (mut request, _) = start(&config, &store);
         request.on_answer(&local, &[result(false)], NOW_MS);
         let (_, next) = start(&config, &store);
