@@ -22,6 +22,8 @@
 //! - [`store`]: the `Store` trait and the Redis (standalone or cluster) store.
 //! - [`scripts`]: the Lua scripts, their arguments and replies.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
 mod admission;
 pub mod cli;
 pub mod config;
