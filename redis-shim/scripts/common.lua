@@ -44,7 +44,8 @@ local function window_start_ms(now, period_ms)
   return now_ms - (now_ms % period_ms)
 end
 
--- One check's parameters from five ARGV values starting at `base`.
+-- One check's parameters from the three ARGV values starting at `base` (algorithm,
+-- limit, period in ms); the driver reads what follows them.
 local function parse_check(base)
   local c = {
     algorithm = ARGV[base],

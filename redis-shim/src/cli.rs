@@ -3,8 +3,8 @@
 //! In the library, not the binary, so tests start the shim in-process with exactly the
 //! flags an operator would pass.
 
+use crate::config::ShimConfig;
 use crate::store::RedisConfig;
-use crate::ShimConfig;
 use clap::{Parser, ValueEnum};
 use std::net::SocketAddr;
 use std::time::Duration;

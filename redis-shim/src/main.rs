@@ -1,6 +1,8 @@
 //! `redis-shim` binary: flags and environment ([`redis_shim::cli`]) into a shim config,
 //! logging set up, then [`run`] until SIGTERM or Ctrl-C.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
 use clap::Parser;
 use redis_shim::cli::{Args, LogFormat};
 use redis_shim::run;

@@ -31,7 +31,10 @@ impl CheckOutcome {
     }
 }
 
-/// How a `POST /v1/check` was answered.
+/// How one check request was answered: a `POST /v1/check`, or one request of a
+/// `POST /v1/check-batch` (counted as if posted alone; a batch refused before its
+/// requests are read counts once). The statuses are those of `/v1/check`; in a batch,
+/// a request not decided is a `failed` answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestOutcome {
     Allowed,
@@ -40,7 +43,7 @@ pub enum RequestOutcome {
     Invalid,
     /// 401.
     Unauthorized,
-    /// 503: past the in-flight bound, or draining.
+    /// 503: past the in-flight bound.
     Overloaded,
     /// 503: Redis failed or timed out.
     RedisError,

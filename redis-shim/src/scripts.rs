@@ -84,17 +84,28 @@ pub fn check_invocation<'a>(
     invocation
 }
 
-/// A refund.lua invocation giving back each `(key, check, row)`'s `granted` tokens.
-pub fn refund_invocation<'a>(scripts: &'a Scripts, charges: &[(&str, &Check, &Row)]) -> ScriptInvocation<'a> {
+/// A charge check.lua made, to be given back by refund.lua.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge<'a> {
+    pub key: &'a str,
+    pub check: &'a Check,
+    /// The tokens charged: the `granted` of check.lua's reply.
+    pub granted: u64,
+    /// Where they went: the `stamp` of check.lua's reply.
+    pub stamp: i64,
+}
+
+/// A refund.lua invocation giving back each of `charges`.
+pub fn refund_invocation<'a>(scripts: &'a Scripts, charges: &[Charge<'_>]) -> ScriptInvocation<'a> {
     let mut invocation = scripts.refund.prepare_invoke();
-    for (key, check, row) in charges {
+    for charge in charges {
         invocation
-            .key(*key)
-            .arg(check.algorithm.as_str())
-            .arg(check.limit)
-            .arg(check.period_ms)
-            .arg(row.granted)
-            .arg(row.stamp);
+            .key(charge.key)
+            .arg(charge.check.algorithm.as_str())
+            .arg(charge.check.limit)
+            .arg(charge.check.period_ms)
+            .arg(charge.granted)
+            .arg(charge.stamp);
     }
     invocation
 }

@@ -1,21 +1,46 @@
-//! Where the counters live: one standalone Redis or a Redis Cluster, chosen by
-//! configuration, behind one type.
+//! Where the counters live: the [`Store`] a decision runs its scripts on, and
+//! [`RedisStore`], one standalone Redis or a Redis Cluster chosen by configuration.
 //!
-//! Both are multiplexed: every concurrent check shares one connection (one per cluster
-//! node), its commands pipelined, and a handle is a cheap clone, so no lock is held
-//! across a Redis call. Both connect lazily and reconnect by themselves, so the shim
-//! starts (and reports not ready) while Redis is still coming up. Every operation is
-//! bounded by the Redis timeout, whatever the client library does.
+//! Standalone or cluster, the connection is multiplexed: every concurrent check shares
+//! one connection (one per cluster node), its commands pipelined, and a handle is a
+//! cheap clone, so no lock is held across a Redis call. Both connect lazily and
+//! reconnect by themselves, so the shim starts (and reports not ready) while Redis is
+//! still coming up. Every operation is bounded by the Redis timeout, whatever the
+//! client library does.
 
-use crate::scripts::{parse_rows, Row};
+use crate::scripts::{check_invocation, parse_rows, refund_invocation, Charge, Mode, Row, Scripts};
+use ratelimit_wire::Check;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 use redis::{RedisError, ScriptInvocation};
 use std::fmt;
+use std::future::Future;
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
+
+/// The operations a decision needs from the counters' store: the scripts of
+/// [`crate::scripts`] run on one cluster slot's keys at a time. Behind a trait so the
+/// decision across slots is tested against a store in memory.
+pub trait Store {
+    /// Groups check indices by the cluster slot of their keys, in order of first
+    /// appearance; every index in exactly one group.
+    fn group_by_slot(&self, keys: &[String]) -> Vec<Vec<usize>>;
+
+    /// Runs check.lua in `mode` over `checks`, whose keys (all in one slot) are `keys`:
+    /// one row per check.
+    fn check(
+        &self,
+        mode: Mode,
+        keys: &[&str],
+        checks: &[&Check],
+    ) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
+
+    /// Runs refund.lua over `charges` (all in one slot): one row per charge, its key's
+    /// state after the refund.
+    fn refund(&self, charges: &[Charge<'_>]) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
+}
 
 /// How the shim reaches Redis.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,8 +74,9 @@ struct Current {
 }
 
 /// A handle on the counters' Redis.
-pub struct Store {
+pub struct RedisStore {
     config: RedisConfig,
+    scripts: Scripts,
     // Held only to clone the connection or swap it, never across a Redis call.
     current: RwLock<Current>,
 }
@@ -88,12 +114,13 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
-impl Store {
+impl RedisStore {
     /// A lazily connecting store; fails only on a configuration the client refuses (a
     /// malformed URL, say).
-    pub fn connect(config: &RedisConfig) -> Result<Store, RedisError> {
-        Ok(Store {
+    pub fn connect(config: &RedisConfig) -> Result<RedisStore, RedisError> {
+        Ok(RedisStore {
             config: config.clone(),
+            scripts: Scripts::new(),
             current: RwLock::new(Current {
                 connection: open(config)?,
                 generation: 0,
@@ -148,22 +175,8 @@ impl Store {
         self.config.cluster
     }
 
-    /// Groups check indices by the cluster slot of their keys, in order of first
-    /// appearance; a standalone Redis is one group.
-    pub fn group_by_slot(&self, keys: &[String]) -> Vec<Vec<usize>> {
-        if self.is_cluster() {
-            group_by_slot(keys)
-        } else {
-            vec![(0..keys.len()).collect()]
-        }
-    }
-
     /// Runs a script whose reply is `expected` rows.
-    pub async fn run(
-        &self,
-        invocation: &ScriptInvocation<'_>,
-        expected: usize,
-    ) -> Result<Vec<Row>, StoreError> {
+    async fn run(&self, invocation: &ScriptInvocation<'_>, expected: usize) -> Result<Vec<Row>, StoreError> {
         let (connection, generation) = self.connection();
         let reply = match connection {
             Connection::Standalone(mut manager) => {
@@ -229,6 +242,27 @@ impl Store {
         };
         self.replace_after_timeout(generation);
         Err(error)
+    }
+}
+
+impl Store for RedisStore {
+    /// A standalone Redis is one group.
+    fn group_by_slot(&self, keys: &[String]) -> Vec<Vec<usize>> {
+        if self.is_cluster() {
+            group_by_slot(keys)
+        } else {
+            vec![(0..keys.len()).collect()]
+        }
+    }
+
+    async fn check(&self, mode: Mode, keys: &[&str], checks: &[&Check]) -> Result<Vec<Row>, StoreError> {
+        self.run(&check_invocation(&self.scripts, mode, keys, checks), keys.len())
+            .await
+    }
+
+    async fn refund(&self, charges: &[Charge<'_>]) -> Result<Vec<Row>, StoreError> {
+        self.run(&refund_invocation(&self.scripts, charges), charges.len())
+            .await
     }
 }
 

@@ -1,0 +1,121 @@
+//! What the shim runs with: [`ShimConfig`], and the checks that refuse a configuration
+//! the shim cannot run safely with before anything is served.
+
+use crate::store::RedisConfig;
+use std::time::Duration;
+
+/// Longest key prefix accepted.
+pub const MAX_PREFIX_LEN: usize = 64;
+
+/// Everything the shim needs to run.
+#[derive(Debug, Clone)]
+pub struct ShimConfig {
+    pub redis: RedisConfig,
+    /// Prefix of every key the shim writes.
+    pub key_prefix: String,
+    /// Shared token callers must send in `x-ratelimit-token`, if set.
+    pub token: Option<String>,
+    /// Most check requests decided at once; more are answered 503 at once.
+    pub max_in_flight: usize,
+    /// Longest the shim waits for checks in flight after the shutdown signal.
+    pub shutdown_timeout: Duration,
+}
+
+impl ShimConfig {
+    /// Refuses a configuration the shim cannot run safely with.
+    pub fn validate(&self) -> Result<(), String> {
+        let prefix = &self.key_prefix;
+        if prefix.len() > MAX_PREFIX_LEN || !prefix.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(format!(
+                "key prefix: at most {MAX_PREFIX_LEN} printable ASCII characters"
+            ));
+        }
+        // A brace in the prefix would become every key's cluster hash tag, putting all
+        // clients in one slot.
+        if prefix.contains(['{', '}']) {
+            return Err("key prefix: must not contain '{' or '}'".into());
+        }
+        if self.redis.urls.is_empty() {
+            return Err("redis url: at least one is required".into());
+        }
+        if !self.redis.cluster && self.redis.urls.len() > 1 {
+            return Err(
+                "redis url: a standalone Redis takes exactly one (use cluster mode for several)".into(),
+            );
+        }
+        if self.redis.timeout.is_zero() {
+            return Err("redis timeout: must be positive".into());
+        }
+        if self.max_in_flight == 0 {
+            return Err("max in flight: must be positive".into());
+        }
+        if self.token.as_deref() == Some("") {
+            return Err("token: must not be empty when set".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ShimConfig {
+        ShimConfig {
+            redis: RedisConfig {
+                urls: vec!["redis://127.0.0.1:6379".into()],
+                cluster: false,
+                timeout: Duration::from_millis(50),
+                max_pending: 10,
+            },
+            key_prefix: "rl:".into(),
+            token: None,
+            max_in_flight: 10,
+            shutdown_timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn configuration_is_validated() {
+        assert!(config().validate().is_ok());
+        let cases: Vec<(ShimConfig, &str)> = vec![
+            (
+                ShimConfig {
+                    key_prefix: "rl{x}:".into(),
+                    ..config()
+                },
+                "'{'",
+            ),
+            (
+                ShimConfig {
+                    key_prefix: "a b".into(),
+                    ..config()
+                },
+                "printable",
+            ),
+            (
+                ShimConfig {
+                    max_in_flight: 0,
+                    ..config()
+                },
+                "in flight",
+            ),
+            (
+                ShimConfig {
+                    token: Some(String::new()),
+                    ..config()
+                },
+                "token",
+            ),
+        ];
+        for (config, expected) in cases {
+            let err = config.validate().unwrap_err();
+            assert!(err.contains(expected), "{err} should mention {expected}");
+        }
+        let mut two_urls = config();
+        two_urls.redis.urls.push("redis://127.0.0.1:6380".into());
+        assert!(two_urls.validate().unwrap_err().contains("standalone"));
+        two_urls.redis.cluster = true;
+        assert!(two_urls.validate().is_ok());
+    }
+}

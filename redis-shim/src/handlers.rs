@@ -1,0 +1,323 @@
+//! The HTTP handlers: what each endpoint reads, the token and body checks, the status
+//! codes, and the counting and logging of every decision (the edge of the shim: what
+//! runs under it only returns what happened).
+
+use crate::admission::{Admission, OVERLOADED};
+use crate::config::ShimConfig;
+use crate::decision::{self, DecideError, Decision, Refund};
+use crate::metrics::{CheckOutcome, Metrics, RequestOutcome};
+use crate::store::RedisStore;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::future::join_all;
+use ratelimit_wire::{
+    BatchAnswer, BatchCheckRequest, BatchCheckResponse, CheckRequest, CheckResponse, MAX_BATCH, TOKEN_HEADER,
+};
+use serde_json::json;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::SemaphorePermit;
+
+/// Largest check request body accepted: 16 checks with the longest keys fit in 8 KiB.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// Largest batch body accepted.
+pub const MAX_BATCH_BODY_BYTES: usize = MAX_BATCH * MAX_BODY_BYTES;
+
+/// What every handler shares.
+pub struct Shim {
+    pub store: RedisStore,
+    pub config: ShimConfig,
+    pub metrics: Metrics,
+    pub admission: Admission,
+    /// Set once the shutdown signal came: the shim reports not ready.
+    pub draining: AtomicBool,
+}
+
+impl Shim {
+    pub fn new(store: RedisStore, config: ShimConfig) -> Shim {
+        Shim {
+            store,
+            admission: Admission::new(config.max_in_flight),
+            config,
+            metrics: Metrics::default(),
+            draining: AtomicBool::new(false),
+        }
+    }
+}
+
+/// Why a check call, or one request of a batch, was not decided: how it is counted, the
+/// HTTP status, and the message.
+struct Refusal {
+    outcome: RequestOutcome,
+    status: StatusCode,
+    message: String,
+}
+
+impl Refusal {
+    fn new(outcome: RequestOutcome, status: StatusCode, message: impl Into<String>) -> Refusal {
+        Refusal {
+            outcome,
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": message.into() }))).into_response()
+}
+
+/// Compares in time independent of where the inputs differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+pub async fn check(
+    State(shim): State<Arc<Shim>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let started = Instant::now();
+    let (outcome, response) = match admit(&shim, &headers, body, MAX_BODY_BYTES) {
+        Err(refusal) => (refusal.outcome, error(refusal.status, refusal.message)),
+        Ok((_permit, body)) => match serde_json::from_slice::<CheckRequest>(&body) {
+            Err(e) => (
+                RequestOutcome::Invalid,
+                error(StatusCode::BAD_REQUEST, format!("invalid check request: {e}")),
+            ),
+            Ok(request) => match decide_request(&shim, &request).await {
+                Ok(answer) => (answer_outcome(&answer), Json(answer).into_response()),
+                Err(refusal) => (refusal.outcome, error(refusal.status, refusal.message)),
+            },
+        },
+    };
+    shim.metrics.request(outcome, started.elapsed());
+    response
+}
+
+/// Decides several requests' checks (see [`BatchCheckRequest`]): each is its own atomic
+/// decision, run concurrently, so one call carries what a worker queued. Each request
+/// is counted in the metrics as if it had come alone.
+pub async fn check_batch(
+    State(shim): State<Arc<Shim>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let started = Instant::now();
+    let (mut permit, body) = match admit(&shim, &headers, body, MAX_BATCH_BODY_BYTES) {
+        Ok(admitted) => admitted,
+        Err(refusal) => {
+            shim.metrics.request(refusal.outcome, started.elapsed());
+            return error(refusal.status, refusal.message);
+        }
+    };
+    let batch = match serde_json::from_slice::<BatchCheckRequest>(&body)
+        .map_err(|e| format!("invalid batch: {e}"))
+        .and_then(|batch| batch.validate().map(|()| batch).map_err(|e| e.to_string()))
+    {
+        Ok(batch) => batch,
+        Err(message) => {
+            shim.metrics.request(RequestOutcome::Invalid, started.elapsed());
+            return error(StatusCode::BAD_REQUEST, message);
+        }
+    };
+    // The requests that find no permit are refused one by one, as if each had come
+    // alone, so a bound below the batch size still decides what it can.
+    let admitted_count = shim.admission.admit_more(&mut permit, batch.requests.len());
+    let (admitted, refused) = batch.requests.split_at(admitted_count);
+    let decided = join_all(admitted.iter().map(|request| decide_request(&shim, request))).await;
+    let elapsed = started.elapsed();
+    let mut responses: Vec<BatchAnswer> = decided
+        .into_iter()
+        .map(|decision| match decision {
+            Ok(answer) => {
+                shim.metrics.request(answer_outcome(&answer), elapsed);
+                BatchAnswer::Decided(answer)
+            }
+            Err(refusal) => {
+                shim.metrics.request(refusal.outcome, elapsed);
+                BatchAnswer::Failed(refusal.message)
+            }
+        })
+        .collect();
+    for _ in refused {
+        shim.metrics.request(RequestOutcome::Overloaded, elapsed);
+        responses.push(BatchAnswer::Failed(OVERLOADED.into()));
+    }
+    Json(BatchCheckResponse { responses }).into_response()
+}
+
+fn answer_outcome(answer: &CheckResponse) -> RequestOutcome {
+    if answer.allowed {
+        RequestOutcome::Allowed
+    } else {
+        RequestOutcome::Denied
+    }
+}
+
+/// What every check call passes before its body is read: the in-flight bound, the
+/// shared token and the body's size. The permit is held until the call is answered.
+fn admit<'a>(
+    shim: &'a Shim,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    max_body_bytes: usize,
+) -> Result<(SemaphorePermit<'a>, Bytes), Refusal> {
+    let Some(permit) = shim.admission.try_admit() else {
+        return Err(Refusal::new(
+            RequestOutcome::Overloaded,
+            StatusCode::SERVICE_UNAVAILABLE,
+            OVERLOADED,
+        ));
+    };
+    if let Some(expected) = &shim.config.token {
+        let presented = headers
+            .get(TOKEN_HEADER)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        if !constant_time_eq(presented, expected.as_bytes()) {
+            return Err(Refusal::new(
+                RequestOutcome::Unauthorized,
+                StatusCode::UNAUTHORIZED,
+                format!("missing or wrong {TOKEN_HEADER}"),
+            ));
+        }
+    }
+    match body {
+        Ok(body) if body.len() <= max_body_bytes => Ok((permit, body)),
+        Ok(_) => Err(Refusal::new(
+            RequestOutcome::Invalid,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("body over {max_body_bytes} bytes"),
+        )),
+        Err(rejection) => Err(Refusal::new(
+            RequestOutcome::Invalid,
+            rejection.status(),
+            format!("body over {max_body_bytes} bytes or unreadable: {rejection}"),
+        )),
+    }
+}
+
+/// One request's checks, validated, decided in Redis, counted and logged.
+async fn decide_request(shim: &Shim, request: &CheckRequest) -> Result<CheckResponse, Refusal> {
+    let _in_flight = shim.metrics.in_flight();
+    if let Err(invalid) = request.validate() {
+        return Err(Refusal::new(
+            RequestOutcome::Invalid,
+            StatusCode::BAD_REQUEST,
+            invalid.to_string(),
+        ));
+    }
+    let keys: Vec<String> = request
+        .checks
+        .iter()
+        .map(|check| format!("{}{}", shim.config.key_prefix, check.key))
+        .collect();
+    match decision::decide(&shim.store, &keys, &request.checks).await {
+        Ok(decision) => {
+            record_decision(&shim.metrics, request, &keys, &decision);
+            Ok(CheckResponse {
+                allowed: decision.allowed,
+                results: decision.results,
+            })
+        }
+        Err(failure) => {
+            record_failure(&shim.metrics, &failure);
+            Err(Refusal::new(
+                RequestOutcome::RedisError,
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("redis: {}", failure.error),
+            ))
+        }
+    }
+}
+
+fn log_refund_failures(refund: &Refund) {
+    for failure in &refund.failures {
+        tracing::error!(error = %failure.error, keys = ?failure.keys, "refund failed");
+    }
+}
+
+/// Counts a decided request's refund and checks, and logs each shadow check that would
+/// have denied.
+fn record_decision(metrics: &Metrics, request: &CheckRequest, keys: &[String], decision: &Decision) {
+    if let Some(refund) = &decision.refund {
+        log_refund_failures(refund);
+        metrics.refund(refund.is_complete());
+    }
+    for ((check, result), key) in request.checks.iter().zip(&decision.results).zip(keys) {
+        let outcome = match (result.allowed, check.shadow) {
+            (true, _) => CheckOutcome::Allowed,
+            (false, false) => CheckOutcome::Denied,
+            (false, true) => {
+                tracing::info!(key = %key, algorithm = check.algorithm.as_str(), limit = check.limit, "shadow check would deny");
+                CheckOutcome::ShadowDenied
+            }
+        };
+        metrics.check(check.algorithm, outcome);
+    }
+}
+
+/// Counts and logs a store failure and the refund it required.
+fn record_failure(metrics: &Metrics, failure: &DecideError) {
+    for refund in [&failure.earlier_refund, &failure.refund].into_iter().flatten() {
+        log_refund_failures(refund);
+    }
+    metrics.redis_error(failure.error.kind());
+    if let Some(refund) = &failure.refund {
+        metrics.refund(refund.is_complete());
+    }
+    let refund_complete = failure.refund.as_ref().is_none_or(Refund::is_complete);
+    tracing::warn!(error = %failure.error, refund_complete, "redis check failed");
+}
+
+/// Liveness: 200 while the process serves, whatever Redis does (restarting the shim
+/// would not bring Redis back).
+pub async fn healthz() -> Response {
+    (StatusCode::OK, Json(json!({ "status": "ok" }))).into_response()
+}
+
+/// Readiness: 200 when Redis answers PING within the timeout and the shim is not
+/// shutting down, 503 otherwise.
+pub async fn readyz(State(shim): State<Arc<Shim>>) -> Response {
+    if shim.draining.load(Ordering::SeqCst) {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
+    }
+    match shim.store.ping().await {
+        Ok(()) => (
+            StatusCode::OK,
+            Json(json!({ "status": "ready", "redis": "reachable" })),
+        )
+            .into_response(),
+        Err(e) => {
+            shim.metrics.redis_error(e.kind());
+            error(StatusCode::SERVICE_UNAVAILABLE, format!("redis unreachable: {e}"))
+        }
+    }
+}
+
+pub async fn metrics(State(shim): State<Arc<Shim>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        shim.metrics.render(),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"secret"));
+    }
+}
