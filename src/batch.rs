@@ -30,6 +30,8 @@ pub struct Call<T> {
 pub struct Next<T> {
     /// Requests whose deadline passed while they waited: they fail as timed out.
     pub expired: Vec<T>,
+    /// Requests whose HTTP stream went away while they waited: nothing is sent for them.
+    pub dropped: Vec<T>,
     /// The requests to send now, if a call may start.
     pub batch: Option<Batch<T>>,
 }
@@ -83,11 +85,12 @@ impl<T> Batcher<T> {
         self.wake_pending = false;
     }
 
-    /// Takes the requests to send in the next call, if one may start. `is_live` drops
-    /// requests whose HTTP stream has gone away.
+    /// Takes the requests to send in the next call, if one may start. `is_live` tells
+    /// the requests whose HTTP stream has gone away.
     pub fn next(&mut self, now_ms: u64, is_live: impl Fn(&T) -> bool) -> Next<T> {
         let mut next = Next {
             expired: Vec::new(),
+            dropped: Vec::new(),
             batch: None,
         };
         if self.calls.len() >= self.max_in_flight {
@@ -102,6 +105,7 @@ impl<T> Batcher<T> {
                 break;
             };
             if !is_live(&waiting.member) {
+                next.dropped.push(waiting.member);
                 continue;
             }
             if waiting.deadline_ms <= now_ms {

@@ -8,7 +8,7 @@
 //! must record (stats, log lines): deciding never touches the host.
 
 use crate::config::RuleFailureMode;
-use crate::local::{CheckState, FallbackVerdict, LocalLayer, LocalPass, SlotStore};
+use crate::local::{CheckState, Claim, FallbackVerdict, LocalLayer, LocalPass, SlotStore};
 use crate::plan::PlannedCheck;
 use crate::response::{decide, shadow_refusals, unavailable, Judged, Outcome};
 use crate::shim_call::ShimFailure;
@@ -36,8 +36,16 @@ pub struct Transition<T> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Start {
     Decided(Outcome),
-    /// Ask the shim these checks, then call `on_answer` or `on_failure`.
-    AskShim(Vec<Check>),
+    /// Ask the shim these checks, then call `on_answer` or `on_failure`. The request
+    /// acquires the Envoy's lease of the counters in `claims`: other requests of this
+    /// worker for them wait for its answer.
+    AskShim {
+        checks: Vec<Check>,
+        claims: Vec<Claim>,
+    },
+    /// This worker is acquiring the lease of the counter with this fingerprint: call
+    /// `run_local` again once that acquisition ends.
+    AwaitLease(u64),
 }
 
 /// A request's decision in progress.
@@ -56,17 +64,30 @@ impl RequestDecision {
         planned: Vec<PlannedCheck>,
         now_ms: u64,
     ) -> (RequestDecision, Transition<Start>) {
-        let pass = local.before_shim(&planned, now_ms);
-        let mut request = RequestDecision { planned, pass };
-        let mut events: Vec<Event> = request.pass.counts.drain(..).map(Event::Count).collect();
-        let next = if request.pass.refused || !request.pass.asks_shim() {
-            Start::Decided(request.decide_known(local, now_ms, &mut events))
-        } else {
-            let checks = request.checks_for_shim();
-            request.count_asked(Stat::ShimChecks, &mut events);
-            Start::AskShim(checks)
+        let mut request = RequestDecision {
+            planned,
+            pass: LocalPass::default(),
         };
-        (request, Transition { next, events })
+        let transition = request.run_local(local, now_ms);
+        (request, transition)
+    }
+
+    /// Runs the local layer, again after waiting for a lease.
+    pub fn run_local<S: SlotStore>(&mut self, local: &LocalLayer<'_, S>, now_ms: u64) -> Transition<Start> {
+        self.pass = local.before_shim(&self.planned, now_ms);
+        let mut events: Vec<Event> = self.pass.counts.drain(..).map(Event::Count).collect();
+        let next = if let Some(fingerprint) = self.pass.awaits_lease {
+            Start::AwaitLease(fingerprint)
+        } else if self.pass.refused || !self.pass.asks_shim() {
+            Start::Decided(self.decide_known(local, now_ms, &mut events))
+        } else {
+            self.count_asked(Stat::ShimChecks, &mut events);
+            Start::AskShim {
+                checks: self.checks_for_shim(),
+                claims: self.pass.claims.clone(),
+            }
+        };
+        Transition { next, events }
     }
 
     /// The shim's results, one per check asked.
@@ -78,7 +99,7 @@ impl RequestDecision {
     ) -> Transition<Outcome> {
         match local.merge_answer(&self.planned, &mut self.pass, results, now_ms) {
             Ok(()) => {
-                let mut events = Vec::new();
+                let mut events: Vec<Event> = self.pass.counts.drain(..).map(Event::Count).collect();
                 let next = self.decide_known(local, now_ms, &mut events);
                 Transition { next, events }
             }
@@ -158,23 +179,22 @@ impl RequestDecision {
 
     /// Decides from every result known so far, and counts the decision per rule.
     fn decide_known<S>(&self, local: &LocalLayer<'_, S>, now_ms: u64, events: &mut Vec<Event>) -> Outcome {
-        let judged: Vec<(usize, Judged<'_>)> = self
-            .planned
-            .iter()
-            .zip(&self.pass.checks)
-            .filter_map(|(item, state)| match *state {
-                CheckState::Known(result) => Some((
-                    item.rule_index,
-                    Judged {
-                        rule: &item.rule,
-                        check: &item.check,
-                        result,
-                    },
-                )),
-                _ => None,
+        let known = || {
+            self.planned
+                .iter()
+                .zip(&self.pass.checks)
+                .filter_map(|(item, state)| match *state {
+                    CheckState::Known(result) => Some((item, result)),
+                    _ => None,
+                })
+        };
+        let judged: Vec<Judged<'_>> = known()
+            .map(|(item, result)| Judged {
+                rule: &item.rule,
+                check: &item.check,
+                result,
             })
             .collect();
-        let (rule_indices, judged): (Vec<usize>, Vec<Judged<'_>>) = judged.into_iter().unzip();
         events.extend(
             shadow_refusals(&judged)
                 .into_iter()
@@ -182,14 +202,17 @@ impl RequestDecision {
         );
         let outcome = decide(&judged, now_ms, &local.config.response);
         let allowed = matches!(outcome, Outcome::Allow { .. });
-        for (rule_index, judged) in rule_indices.into_iter().zip(&judged) {
-            let stat = match (judged.rule.shadow, judged.result.allowed, allowed) {
+        for (item, result) in known() {
+            let stat = match (item.rule.shadow, result.allowed, allowed) {
                 (true, false, _) => Stat::ShadowDenied,
                 (false, false, _) => Stat::Denied,
                 (_, true, true) => Stat::Allowed,
                 (_, true, false) => continue,
             };
-            events.push(Event::Count(Count { rule_index, stat }));
+            events.push(Event::Count(Count {
+                rule_index: item.rule_index,
+                stat,
+            }));
         }
         outcome
     }
@@ -233,7 +256,12 @@ mod tests {
     }
 
     fn layer<'a>(config: &'a FilterConfig, store: &'a MapStore) -> LocalLayer<'a, MapStore> {
-        LocalLayer { config, store }
+        LocalLayer {
+            config,
+            store,
+            worker: 1,
+            may_await_lease: true,
+        }
     }
 
     fn result(allowed: bool) -> CheckResult {
@@ -244,6 +272,7 @@ mod tests {
             reset_ms: 1_000,
             retry_after_ms: if allowed { 0 } else { 1_000 },
             granted: u64::from(allowed),
+            lease_window_ms: 0,
         }
     }
 
@@ -301,7 +330,7 @@ mod tests {
         let store = MapStore::with_slots(&config);
         let local = layer(&config, &store);
         let (mut request, started) = start(&config, &store);
-        let Start::AskShim(checks) = started.next else {
+        let Start::AskShim { checks, .. } = started.next else {
             panic!("{:?}", started.next)
         };
         assert_eq!(checks.iter().map(|c| c.lease).collect::<Vec<_>>(), [0, 5]);
@@ -422,6 +451,35 @@ mod tests {
         assert_eq!(
             counted(&next.events),
             [(0, Stat::DenyCacheHits), (0, Stat::Denied)]
+        );
+    }
+
+    #[test]
+    fn a_request_waits_for_its_workers_lease_acquisition_then_spends_from_it() {
+        let config = config(&global("g", r#", "lease": {"size": 4, "ttl": "1s"}"#));
+        let store = MapStore::with_slots(&config);
+        let local = layer(&config, &store);
+        let (mut acquiring, started) = start(&config, &store);
+        let Start::AskShim { checks, claims } = started.next else {
+            panic!("{:?}", started.next)
+        };
+        assert_eq!((checks[0].lease, claims.len()), (4, 1));
+        let (mut waiting, parked) = start(&config, &store);
+        assert_eq!(parked.next, Start::AwaitLease(claims[0].fingerprint));
+        assert_eq!(counted(&parked.events), []);
+        let granted = CheckResult {
+            granted: 4,
+            ..result(true)
+        };
+        assert_eq!(status(&acquiring.on_answer(&local, &[granted], NOW_MS).next), 200);
+        let resumed = waiting.run_local(&local, NOW_MS);
+        let Start::Decided(outcome) = resumed.next else {
+            panic!("{:?}", resumed.next)
+        };
+        assert_eq!(status(&outcome), 200);
+        assert_eq!(
+            counted(&resumed.events),
+            [(0, Stat::LeaseHits), (0, Stat::Allowed)]
         );
     }
 }

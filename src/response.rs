@@ -250,6 +250,7 @@ mod tests {
             reset_ms,
             retry_after_ms,
             granted: u64::from(allowed),
+            lease_window_ms: 0,
         }
     }
 

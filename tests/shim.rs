@@ -221,7 +221,7 @@ fn shadow_checks_count_but_never_refuse() {
 }
 
 #[test]
-fn a_lease_is_granted_what_is_available() {
+fn a_lease_is_granted_at_most_half_of_what_is_available_and_never_past_its_window() {
     let (_redis, shim) = started();
     for algorithm in ALGORITHMS {
         let lease = with(
@@ -229,10 +229,16 @@ fn a_lease_is_granted_what_is_available() {
             "lease",
             json!(4),
         );
-        let granted: Vec<u64> = (0..4)
-            .map(|_| number(&decide_one(&shim, &lease), 0, "granted"))
-            .collect();
-        assert_eq!(granted, vec![4, 4, 2, 0], "{algorithm}");
+        let answers: Vec<Value> = (0..5).map(|_| decide_one(&shim, &lease)).collect();
+        let granted: Vec<u64> = answers.iter().map(|a| number(a, 0, "granted")).collect();
+        // 10 available: 4; 6: 3; then single tokens as the counter nears its limit.
+        assert_eq!(granted, vec![4, 3, 1, 1, 1], "{algorithm}");
+        let window = answers[0]["results"][0]["lease_window_ms"].as_u64().unwrap_or(0);
+        match algorithm {
+            "token_bucket" => assert_eq!(window, 0, "a bucket has no window"),
+            "sliding_window_log" => assert_eq!(window, 600_000, "{algorithm}"),
+            _ => assert!(window > 0 && window <= 600_000, "{algorithm}: {window}"),
+        }
         let refused = decide_one(&shim, &lease);
         assert_eq!(refused["allowed"], false, "{algorithm}");
         assert_eq!(refused["results"][0]["remaining"], 0, "{algorithm}");

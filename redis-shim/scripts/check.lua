@@ -3,8 +3,9 @@
 -- Contract: reads every key first (phase 1), then, when every enforcing check admits
 -- and the mode is `charge`, charges each enforcing check and each shadow check that
 -- itself admits (phase 2); otherwise writes nothing. A shadow check never changes the
--- decision. A check with a lease (lease >= cost) is granted min(lease, available), at
--- least its cost. Each check runs its own algorithm; all see one Redis time. Mode
+-- decision. A check with a lease (lease >= cost) is granted min(lease, available / 2),
+-- at least its cost: leases shrink as the counter nears its limit, so the last tokens
+-- are not parked in one Envoy while others are refused. Each check runs its own algorithm; all see one Redis time. Mode
 -- `peek` reports the state and charges nothing (the shim uses it for the slots of a
 -- request after a slot that refused).
 --
@@ -16,9 +17,11 @@
 -- ARGV[6i-1]       cost (tokens)
 -- ARGV[6i]         lease (tokens; 0 for none)
 -- ARGV[6i+1]       shadow: 1 or 0
--- Reply: one {admits, remaining, reset_ms, retry_after_ms, granted, stamp} per key, in
--- KEYS order; `admits` is 1 when that check alone would admit the request, `granted`
--- the tokens charged to it, `stamp` what refund.lua needs to give them back.
+-- Reply: one {admits, remaining, reset_ms, retry_after_ms, granted, stamp, lease_ms}
+-- per key, in KEYS order; `admits` is 1 when that check alone would admit the request,
+-- `granted` the tokens charged to it, `stamp` what refund.lua needs to give them back,
+-- `lease_ms` how long granted tokens may be spent before they would cross into a window
+-- they were not charged to (0: no such bound).
 
 local now = redis_now_us()
 local charging = ARGV[1] == 'charge'
@@ -49,13 +52,17 @@ for i = 1, #KEYS do
   local granted, stamp = 0, 0
   if charging and every_enforcing_check_admits and check.admits then
     granted = c.cost
-    if c.lease > 0 then granted = math.max(c.cost, math.min(c.lease, check.available)) end
+    if c.lease > 0 then
+      granted = math.max(c.cost, math.min(c.lease, math.floor(check.available / 2)))
+    end
     stamp = algorithm.charge(KEYS[i], c, st, granted, now)
   end
   local remaining, reset_ms = algorithm.report(c, st, now)
   local retry_after_ms = 0
   -- A refusal always names a wait of at least 1 ms, whatever the rounding.
   if not check.admits then retry_after_ms = math.max(1, algorithm.retry_after(c, st, now)) end
-  reply[i] = {check.admits and 1 or 0, remaining, reset_ms, retry_after_ms, granted, stamp}
+  local lease_ms = 0
+  if granted > 0 then lease_ms = algorithm.lease_window(c, st, now) end
+  reply[i] = {check.admits and 1 or 0, remaining, reset_ms, retry_after_ms, granted, stamp, lease_ms}
 end
 return reply

@@ -2,7 +2,7 @@
 -- then one file per algorithm, then a driver: check.lua or refund.lua).
 --
 -- Each algorithm file adds one table to `algorithms`, keyed by the wire name of the
--- algorithm, with the same six functions; `c` is one check's parameters (limit,
+-- algorithm, with the same seven functions; `c` is one check's parameters (limit,
 -- period_ms, period in microseconds, cost, lease) and `now` the Redis time in
 -- microseconds, read once per script by the driver so every check of a request sees the
 -- same instant:
@@ -12,6 +12,7 @@
 --   report(c, st, now)                -> remaining, reset_ms
 --   retry_after(c, st, now)           -> ms until `c.cost` tokens are available
 --   refund(key, c, amount, stamp, now)          gives back a charge (see refund.lua)
+--   lease_window(c, st, now)          -> ms a lease charged now may be spent (0: any)
 -- `stamp` identifies where a charge went (a window, an instant) so a refund can find it.
 -- Every key written gets an expiry: an idle client costs no memory.
 

@@ -59,3 +59,8 @@ function fixed_window.refund(key, c, amount, stamp, now)
     redis.call('HSET', key, 'n', int(used))
   end
 end
+
+-- Tokens charged to this window are spent in it, or not at all.
+function fixed_window.lease_window(c, st, now)
+  return until_window_end(c, st, now)
+end

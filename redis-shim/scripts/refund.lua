@@ -12,7 +12,7 @@
 -- ARGV[5i-2]       period (milliseconds)
 -- ARGV[5i-1]       amount to give back (the `granted` of check.lua's reply)
 -- ARGV[5i]         stamp (from check.lua's reply)
--- Reply: one {1, remaining, reset_ms, 0, 0, 0} per key, its state after the refund,
+-- Reply: one {1, remaining, reset_ms, 0, 0, 0, 0} per key, its state after the refund,
 -- shaped like check.lua's reply.
 
 local now = redis_now_us()
@@ -26,6 +26,6 @@ for i = 1, #KEYS do
   end
   algorithm.refund(KEYS[i], c, tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), now)
   local remaining, reset_ms = algorithm.report(c, algorithm.load(KEYS[i], c, now), now)
-  reply[i] = {1, remaining, reset_ms, 0, 0, 0}
+  reply[i] = {1, remaining, reset_ms, 0, 0, 0, 0}
 end
 return reply

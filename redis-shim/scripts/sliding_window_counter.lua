@@ -82,3 +82,8 @@ function sliding_window_counter.refund(key, c, amount, stamp, now)
   if count < 0 then count = 0 end
   redis.call('HSET', key, field, int(count))
 end
+
+-- Tokens charged to the current window are spent in it, or not at all.
+function sliding_window_counter.lease_window(c, st, now)
+  return ms_ceil((st.start + c.period_ms) * 1000 - now)
+end

@@ -67,3 +67,9 @@ function sliding_window_log.refund(key, c, amount, stamp, now)
     redis.call('ZREM', key, member)
   end
 end
+
+-- A leased token leaves the log one period after it was charged: spent later, it would
+-- no longer count against the requests it is admitted among.
+function sliding_window_log.lease_window(c, st, now)
+  return c.period_ms
+end

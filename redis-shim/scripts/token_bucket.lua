@@ -52,3 +52,9 @@ function token_bucket.refund(key, c, amount, stamp, now)
     redis.call('SET', key, int(tat), 'PX', int(ms_ceil(tat - now)))
   end
 end
+
+-- A bucket has no windows: a leased token spent later only moves its admission in
+-- time, within the lease's ttl.
+function token_bucket.lease_window(c, st, now)
+  return 0
+end

@@ -315,6 +315,7 @@ mod tests {
                     retry_after_ms: u64::from(!admits),
                     granted,
                     stamp: if granted > 0 { 7 } else { 0 },
+                    lease_window_ms: 0,
                 });
             }
             Ok(rows)
@@ -340,6 +341,7 @@ mod tests {
                     retry_after_ms: 0,
                     granted: 0,
                     stamp: 0,
+                    lease_window_ms: 0,
                 });
             }
             Ok(rows)

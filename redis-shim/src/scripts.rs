@@ -121,6 +121,8 @@ pub struct Row {
     pub granted: u64,
     /// Where the charge went, for a refund (a window start, an instant); 0 for none.
     pub stamp: i64,
+    /// How long granted tokens may be spent (0: no bound from the algorithm).
+    pub lease_window_ms: u64,
 }
 
 impl Row {
@@ -133,6 +135,7 @@ impl Row {
             reset_ms: self.reset_ms,
             retry_after_ms: self.retry_after_ms,
             granted: self.granted,
+            lease_window_ms: self.lease_window_ms,
         }
     }
 }
@@ -141,8 +144,8 @@ impl Row {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MalformedReply(pub String);
 
-/// Turns a script's `{admits, remaining, reset_ms, retry_after_ms, granted, stamp}`
-/// rows into [`Row`]s, one per check expected.
+/// Turns a script's `{admits, remaining, reset_ms, retry_after_ms, granted, stamp,
+/// lease_ms}` rows into [`Row`]s, one per check expected.
 pub fn parse_rows(rows: Vec<Vec<i64>>, expected: usize) -> Result<Vec<Row>, MalformedReply> {
     if rows.len() != expected {
         return Err(MalformedReply(format!(
@@ -152,8 +155,8 @@ pub fn parse_rows(rows: Vec<Vec<i64>>, expected: usize) -> Result<Vec<Row>, Malf
     }
     rows.into_iter()
         .map(|row| {
-            let [admits, remaining, reset_ms, retry_after_ms, granted, stamp] = row[..] else {
-                return Err(MalformedReply(format!("row of {} values, expected 6", row.len())));
+            let [admits, remaining, reset_ms, retry_after_ms, granted, stamp, lease_ms] = row[..] else {
+                return Err(MalformedReply(format!("row of {} values, expected 7", row.len())));
             };
             let non_negative = |value: i64| {
                 u64::try_from(value).map_err(|_| MalformedReply(format!("negative value {value}")))
@@ -165,6 +168,7 @@ pub fn parse_rows(rows: Vec<Vec<i64>>, expected: usize) -> Result<Vec<Row>, Malf
                 retry_after_ms: non_negative(retry_after_ms)?,
                 granted: non_negative(granted)?,
                 stamp,
+                lease_window_ms: non_negative(lease_ms)?,
             })
         })
         .collect()
@@ -189,7 +193,11 @@ mod tests {
 
     #[test]
     fn parses_rows_in_order() {
-        let rows = parse_rows(vec![vec![1, 4, 200, 0, 1, 17], vec![0, 9, 900, 150, 0, 0]], 2).unwrap();
+        let rows = parse_rows(
+            vec![vec![1, 4, 200, 0, 1, 17, 900], vec![0, 9, 900, 150, 0, 0, 0]],
+            2,
+        )
+        .unwrap();
         assert_eq!(
             rows,
             vec![
@@ -199,7 +207,8 @@ mod tests {
                     reset_ms: 200,
                     retry_after_ms: 0,
                     granted: 1,
-                    stamp: 17
+                    stamp: 17,
+                    lease_window_ms: 900,
                 },
                 Row {
                     admits: false,
@@ -207,7 +216,8 @@ mod tests {
                     reset_ms: 900,
                     retry_after_ms: 150,
                     granted: 0,
-                    stamp: 0
+                    stamp: 0,
+                    lease_window_ms: 0,
                 },
             ]
         );
@@ -219,8 +229,8 @@ mod tests {
     #[test]
     fn rejects_malformed_replies() {
         assert!(parse_rows(vec![], 1).is_err());
-        assert!(parse_rows(vec![vec![1, 2, 3, 0, 0]], 1).is_err());
-        assert!(parse_rows(vec![vec![1, -2, 3, 0, 0, 0]], 1).is_err());
+        assert!(parse_rows(vec![vec![1, 2, 3, 0, 0, 0]], 1).is_err());
+        assert!(parse_rows(vec![vec![1, -2, 3, 0, 0, 0, 0]], 1).is_err());
     }
 
     #[test]

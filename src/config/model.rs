@@ -70,6 +70,12 @@ pub struct ShimSettings {
     pub calls_in_flight: u32,
 }
 
+impl ShimSettings {
+    pub fn timeout_ms(&self) -> u64 {
+        u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
 /// What refused and allowed responses look like.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResponseSettings {

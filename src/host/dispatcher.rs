@@ -8,11 +8,12 @@
 //! request. A request wakes the root through a shared queue when a call may start.
 
 use super::hostcalls::{
-    self, dispatch_http_call, enqueue_shared_queue, http_call_response_body, log, now_ms, InContext,
+    self, dispatch_http_call, enqueue_shared_queue, http_call_response_body, log, now_ms, RequestContexts,
 };
-use super::request_state::RequestState;
+use super::request_state::{PendingRequest, RequestState};
 use super::Worker;
 use crate::batch::{Batch, Batcher, Call};
+use crate::local::Claim;
 use crate::shim_call::{batch_body, read_batch_answer, RequestAnswer, ShimFailure};
 use crate::wire::{Check, CHECK_BATCH_PATH, TOKEN_HEADER};
 use proxy_wasm::types::{Action, LogLevel, MapType};
@@ -26,6 +27,17 @@ pub struct QueuedRequest {
     /// Dead once the request's stream is gone; the answer is then dropped.
     pub state: Weak<RefCell<RequestState>>,
     pub checks: Vec<Check>,
+    /// The lease acquisitions it makes: when it ends, the requests waiting for them run
+    /// again.
+    pub claims: Vec<Claim>,
+}
+
+/// A request waiting for this worker's acquisition of a counter's lease.
+pub struct LeaseWaiter {
+    pub fingerprint: u64,
+    pub context_id: u32,
+    pub state: Weak<RefCell<RequestState>>,
+    pub deadline_ms: u64,
 }
 
 pub struct Dispatcher {
@@ -34,6 +46,7 @@ pub struct Dispatcher {
     /// The shared queue through which a request wakes the root to send the batch.
     wake_queue: u32,
     batcher: RefCell<Batcher<QueuedRequest>>,
+    lease_waiters: RefCell<Vec<LeaseWaiter>>,
 }
 
 impl Dispatcher {
@@ -42,6 +55,53 @@ impl Dispatcher {
             root_id,
             wake_queue,
             batcher: RefCell::new(Batcher::new(calls_in_flight, timeout_ms)),
+            lease_waiters: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Parks a request until this worker's acquisition of the counter's lease ends.
+    pub fn await_lease(&self, waiter: LeaseWaiter) {
+        self.lease_waiters.borrow_mut().push(waiter);
+    }
+
+    /// Runs again the requests waiting for these acquisitions (all of them when
+    /// `fingerprints` is `None`): they spend the lease, acquire the next, or are checked
+    /// exactly past their deadline.
+    fn wake_lease_waiters(&self, worker: &Worker, fingerprints: Option<&[u64]>, now: u64) {
+        let woken: Vec<LeaseWaiter> = {
+            let mut waiters = self.lease_waiters.borrow_mut();
+            let (woken, waiting) = std::mem::take(&mut *waiters)
+                .into_iter()
+                .partition(|waiter| fingerprints.is_none_or(|f| f.contains(&waiter.fingerprint)));
+            *waiters = waiting;
+            woken
+        };
+        let contexts = RequestContexts::new(self.root_id);
+        for waiter in woken {
+            let Some(state) = waiter.state.upgrade() else {
+                continue;
+            };
+            if contexts.enter(waiter.context_id).is_err() {
+                continue;
+            }
+            let request = PendingRequest {
+                context_id: waiter.context_id,
+                state,
+            };
+            if let Action::Continue = request.run_local(worker, now) {
+                resume_http_request();
+            }
+        }
+    }
+
+    /// The requests whose acquisitions ended with `finished`, run again.
+    fn after_acquisitions(&self, worker: &Worker, finished: &[QueuedRequest], now: u64) {
+        let fingerprints: Vec<u64> = finished
+            .iter()
+            .flat_map(|request| request.claims.iter().map(|claim| claim.fingerprint))
+            .collect();
+        if !fingerprints.is_empty() {
+            self.wake_lease_waiters(worker, Some(&fingerprints), now);
         }
     }
 
@@ -70,6 +130,17 @@ impl Dispatcher {
     /// The safety net: requests that wait without a wake-up (none should) are sent or
     /// failed within about one timeout.
     pub fn on_tick(&self, worker: &Worker) {
+        let now = now_ms();
+        let overdue: Vec<u64> = self
+            .lease_waiters
+            .borrow()
+            .iter()
+            .filter(|waiter| waiter.deadline_ms <= now)
+            .map(|waiter| waiter.fingerprint)
+            .collect();
+        if !overdue.is_empty() {
+            self.wake_lease_waiters(worker, Some(&overdue), now);
+        }
         if self.batcher.borrow().has_waiting() {
             // Were a wake-up lost, the pending flag would hold back every later one.
             self.batcher.borrow_mut().woken();
@@ -87,11 +158,20 @@ impl Dispatcher {
                 .borrow_mut()
                 .next(now, |request| request.state.strong_count() > 0);
             let expired = !next.expired.is_empty();
-            for request in next.expired {
-                self.finish(worker, &request, now, Err(ShimFailure::Timeout));
+            {
+                let contexts = RequestContexts::new(self.root_id);
+                for request in &next.expired {
+                    self.finish(&contexts, worker, request, now, Err(ShimFailure::Timeout));
+                }
             }
+            // A request that went away ends its acquisitions unanswered.
+            for request in &next.dropped {
+                worker.local(false).release(&request.claims);
+            }
+            self.after_acquisitions(worker, &next.expired, now);
+            self.after_acquisitions(worker, &next.dropped, now);
             let Some(batch) = next.batch else {
-                if expired {
+                if expired || !next.dropped.is_empty() {
                     continue;
                 }
                 return;
@@ -138,9 +218,13 @@ impl Dispatcher {
                 );
             }
             Err(failure) => {
-                for request in &requests {
-                    self.finish(worker, request, now, Err(failure.clone()));
+                {
+                    let contexts = RequestContexts::new(self.root_id);
+                    for request in &requests {
+                        self.finish(&contexts, worker, request, now, Err(failure.clone()));
+                    }
                 }
+                self.after_acquisitions(worker, &requests, now);
             }
         }
     }
@@ -155,18 +239,22 @@ impl Dispatcher {
         // Read before switching to the requests' contexts: the answer is the root's.
         let status = hostcalls::header(MapType::HttpCallResponseHeaders, ":status");
         let body = http_call_response_body(body_size);
-        match read_batch_answer(status.as_deref(), &body, call.members.len()) {
-            Ok(answers) => {
-                for (request, answer) in call.members.iter().zip(answers) {
-                    self.finish(worker, request, now, answer);
+        {
+            let contexts = RequestContexts::new(self.root_id);
+            match read_batch_answer(status.as_deref(), &body, call.members.len()) {
+                Ok(answers) => {
+                    for (request, answer) in call.members.iter().zip(answers) {
+                        self.finish(&contexts, worker, request, now, answer);
+                    }
                 }
-            }
-            Err(failure) => {
-                for request in &call.members {
-                    self.finish(worker, request, now, Err(failure.clone()));
+                Err(failure) => {
+                    for request in &call.members {
+                        self.finish(&contexts, worker, request, now, Err(failure.clone()));
+                    }
                 }
             }
         }
+        self.after_acquisitions(worker, &call.members, now);
         self.dispatch_waiting(worker);
     }
 
@@ -174,26 +262,46 @@ impl Dispatcher {
     /// no request may stay paused behind them.
     pub fn fail_all(&self, worker: &Worker) {
         let now = now_ms();
+        // Waiting for nothing now: they run once more without waiting, and what they
+        // would ask the shim fails with the rest.
+        self.lease_waiters
+            .borrow_mut()
+            .iter_mut()
+            .for_each(|waiter| waiter.deadline_ms = 0);
+        self.wake_lease_waiters(worker, None, now);
         let left = self.batcher.borrow_mut().take_all();
+        let contexts = RequestContexts::new(self.root_id);
         for request in &left {
-            self.finish(worker, request, now, Err(ShimFailure::ShuttingDown));
+            self.finish(&contexts, worker, request, now, Err(ShimFailure::ShuttingDown));
         }
     }
 
     /// Applies the shim's answer for one request, or the failure of its call, in the
     /// request's own context, then resumes or answers it.
-    fn finish(&self, worker: &Worker, request: &QueuedRequest, now: u64, answer: RequestAnswer) {
+    fn finish(
+        &self,
+        contexts: &RequestContexts,
+        worker: &Worker,
+        request: &QueuedRequest,
+        now: u64,
+        answer: RequestAnswer,
+    ) {
         let Some(state) = request.state.upgrade() else {
             return;
         };
-        let Ok(_in_request) = InContext::enter(request.context_id, self.root_id) else {
+        if contexts.enter(request.context_id).is_err() {
             return;
-        };
+        }
         let action = state.borrow_mut().answered(worker, now, answer);
         if let Action::Continue = action {
-            if let Err(error) = hostcalls::resume_http_request() {
-                log(LogLevel::Error, &format!("could not resume request: {error}"));
-            }
+            resume_http_request();
         }
+    }
+}
+
+/// Resumes the request of the current context.
+fn resume_http_request() {
+    if let Err(error) = hostcalls::resume_http_request() {
+        log(LogLevel::Error, &format!("could not resume request: {error}"));
     }
 }

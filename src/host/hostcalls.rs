@@ -5,6 +5,7 @@
 use crate::local::{SlotError, SlotStore};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType, Status};
+use std::cell::Cell;
 use std::fmt;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -83,23 +84,35 @@ pub fn send_http_response(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) 
     hostcalls::send_http_response(status, headers, Some(body)).map_err(HostError)
 }
 
-/// Runs the callbacks' host calls as `context_id` until dropped, then as `root_id`
-/// again: a root callback applies each request's answer in that request's context, and
-/// whatever it does next (a new call) must belong to the root.
-pub struct InContext {
+/// Switches the effective context to requests' contexts, one after the other, and back
+/// to the root when dropped: a root callback applies each answer in its request's
+/// context, and whatever it does next (a new call) must belong to the root. One switch
+/// back for a whole batch: each is a host call.
+pub struct RequestContexts {
     root_id: u32,
+    switched: Cell<bool>,
 }
 
-impl InContext {
-    pub fn enter(context_id: u32, root_id: u32) -> Result<InContext, HostError> {
+impl RequestContexts {
+    pub fn new(root_id: u32) -> RequestContexts {
+        RequestContexts {
+            root_id,
+            switched: Cell::new(false),
+        }
+    }
+
+    pub fn enter(&self, context_id: u32) -> Result<(), HostError> {
         hostcalls::set_effective_context(context_id).map_err(HostError)?;
-        Ok(InContext { root_id })
+        self.switched.set(true);
+        Ok(())
     }
 }
 
-impl Drop for InContext {
+impl Drop for RequestContexts {
     fn drop(&mut self) {
-        let _ = hostcalls::set_effective_context(self.root_id);
+        if self.switched.get() {
+            let _ = hostcalls::set_effective_context(self.root_id);
+        }
     }
 }
 

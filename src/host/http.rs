@@ -1,24 +1,19 @@
-//! One HTTP request's context: reads the request through Envoy ([`HostRequest`]), starts
-//! the pure [`RequestDecision`], and either applies its outcome at once or queues the
-//! checks for the shim and pauses; adds the rate-limit headers to the response.
+//! One HTTP request's context: reads the request through Envoy ([`HostRequest`]), plans
+//! its checks and starts deciding it ([`PendingRequest`]); adds the rate-limit headers
+//! to the response.
 
-use super::dispatcher::QueuedRequest;
 use super::hostcalls::{self, add_response_header, now_ms, property_text};
-use super::request_state::RequestState;
+use super::request_state::PendingRequest;
 use super::Worker;
 use crate::attributes::RequestAttributes;
 use crate::plan::plan;
-use crate::request::{RequestDecision, Start, Transition};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
-use std::cell::RefCell;
 use std::rc::Rc;
 
 pub struct RateLimitRequest {
-    pub context_id: u32,
     pub worker: Rc<Worker>,
-    /// Shared with the dispatcher while the request waits for the shim.
-    pub state: Rc<RefCell<RequestState>>,
+    pub request: PendingRequest,
 }
 
 /// The current request as seen through Envoy's header map and properties.
@@ -53,42 +48,18 @@ impl Context for RateLimitRequest {}
 impl HttpContext for RateLimitRequest {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let worker = Rc::clone(&self.worker);
-        let config = &worker.config;
         let request = HostRequest {
-            jwt_payload_in_metadata: &config.jwt_payload_in_metadata,
+            jwt_payload_in_metadata: &worker.config.jwt_payload_in_metadata,
         };
-        let planned = plan(config, &request);
+        let planned = plan(&worker.config, &request);
         if planned.is_empty() {
             return Action::Continue;
         }
-        let now = now_ms();
-        let (decision, transition) = RequestDecision::start(&worker.local(), planned, now);
-        let mut state = self.state.borrow_mut();
-        state.decision = decision;
-        match transition.next {
-            Start::Decided(outcome) => state.apply(
-                &worker,
-                Transition {
-                    next: outcome,
-                    events: transition.events,
-                },
-            ),
-            Start::AskShim(checks) => {
-                worker.record(transition.events);
-                let queued = QueuedRequest {
-                    context_id: self.context_id,
-                    state: Rc::downgrade(&self.state),
-                    checks,
-                };
-                let timeout_ms = u64::try_from(config.shim.timeout.as_millis()).unwrap_or(u64::MAX);
-                worker.dispatcher.submit(queued, now.saturating_add(timeout_ms));
-                Action::Pause
-            }
-        }
+        self.request.start(&worker, planned, now_ms())
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let headers = std::mem::take(&mut self.state.borrow_mut().response_headers);
+        let headers = std::mem::take(&mut self.request.state.borrow_mut().response_headers);
         for (name, value) in headers {
             let _ = add_response_header(&name, &value);
         }

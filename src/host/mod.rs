@@ -31,16 +31,22 @@ proxy_wasm::main! {{
 
 /// What every context of one plugin instance on one worker shares.
 pub struct Worker {
+    /// Tells this worker's lease acquisitions from other workers' in shared data.
+    id: u64,
     config: FilterConfig,
     stats: Stats,
     dispatcher: Dispatcher,
 }
 
 impl Worker {
-    fn local(&self) -> LocalLayer<'_, SharedData> {
+    /// The local layer as this worker sees it; `may_await_lease`: whether a request may
+    /// wait for this worker's lease acquisition.
+    fn local(&self, may_await_lease: bool) -> LocalLayer<'_, SharedData> {
         LocalLayer {
             config: &self.config,
             store: &SharedData,
+            worker: self.id,
+            may_await_lease,
         }
     }
 

@@ -6,6 +6,7 @@
 use super::dispatcher::Dispatcher;
 use super::hostcalls::{log, plugin_configuration, register_shared_queue, set_tick_period, SharedData};
 use super::http::RateLimitRequest;
+use super::request_state::PendingRequest;
 use super::stats::Stats;
 use super::Worker;
 use crate::config::FilterConfig;
@@ -28,12 +29,11 @@ impl RateLimitRoot {
             .map_err(|error| format!("invalid plugin configuration: {error}"))?;
         create_slots(&SharedData, config.local_slots)
             .map_err(|_| "cannot create the local slot table in shared data".to_string())?;
-        // Queue names are global to the Envoy: each worker's VM needs its own, or one
-        // worker's wake-ups would reach another.
-        let queue_name = format!(
-            "ratelimit-wasm.wake.{:016x}",
-            RandomState::new().hash_one(self.context_id)
-        );
+        // Context ids repeat across workers' VMs; a random id tells this worker apart in
+        // the names and the shared data that are global to the Envoy (its wake-up queue,
+        // its lease acquisitions). Never 0, which no acquisition holds.
+        let worker_id = RandomState::new().hash_one(self.context_id) | 1;
+        let queue_name = format!("ratelimit-wasm.wake.{worker_id:016x}");
         let wake_queue = register_shared_queue(&queue_name)
             .map_err(|error| format!("cannot register the worker's shared queue: {error}"))?;
         // A safety net only (see `Dispatcher::on_tick`).
@@ -41,7 +41,7 @@ impl RateLimitRoot {
         if let Err(error) = set_tick_period(tick) {
             log(LogLevel::Warn, &format!("cannot set the tick period: {error}"));
         }
-        let timeout_ms = u64::try_from(config.shim.timeout.as_millis()).unwrap_or(u64::MAX);
+        let timeout_ms = config.shim.timeout_ms();
         let dispatcher = Dispatcher::new(
             self.context_id,
             wake_queue,
@@ -49,6 +49,7 @@ impl RateLimitRoot {
             timeout_ms,
         );
         Ok(Worker {
+            id: worker_id,
             stats: Stats::define(&config),
             config,
             dispatcher,
@@ -109,9 +110,11 @@ impl RootContext for RateLimitRoot {
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(RateLimitRequest {
-            context_id,
             worker: Rc::clone(self.worker.as_ref()?),
-            state: Rc::default(),
+            request: PendingRequest {
+                context_id,
+                state: Rc::default(),
+            },
         }))
     }
 

@@ -42,6 +42,7 @@ impl Bucket {
                 ((cost as f64 - self.tokens) * per_token_ms).ceil() as u64
             },
             granted: if allowed { cost } else { 0 },
+            lease_window_ms: 0,
         }
     }
 

@@ -18,16 +18,22 @@ pub(crate) mod tests;
 pub use bucket::Bucket;
 pub use slots::{create_slots, fingerprint, slot_of, SlotError, SlotRecord, SlotStore, RECORD_LEN};
 
-use crate::config::{FilterConfig, Rule, RuleFailureMode, Scope};
+use crate::config::{FilterConfig, RuleFailureMode, Scope};
 use crate::plan::PlannedCheck;
 use crate::stats::{Count, Stat};
 use crate::wire::{CheckResult, Rate};
 use slots::update;
 
-/// The local layer of one filter instance: its configuration over its slot table.
+/// The local layer of one filter instance on one worker: its configuration over its
+/// slot table.
 pub struct LocalLayer<'a, S> {
     pub config: &'a FilterConfig,
     pub store: &'a S,
+    /// This worker's id, unique within the Envoy: who holds a lease acquisition.
+    pub worker: u64,
+    /// Whether a request may wait for this worker's lease acquisition (not past its
+    /// deadline: it is then checked exactly instead).
+    pub may_await_lease: bool,
 }
 
 /// Where one planned check stands.
@@ -48,6 +54,12 @@ pub struct LocalPass {
     pub checks: Vec<CheckState>,
     /// An enforcing check refused here; nothing stays charged then.
     pub refused: bool,
+    /// This worker is acquiring a lease for the counter with this fingerprint: the
+    /// request waits for that answer and then runs the local layer again. Nothing stays
+    /// charged meanwhile.
+    pub awaits_lease: Option<u64>,
+    /// Lease acquisitions this request holds for the Envoy.
+    pub claims: Vec<Claim>,
     /// Stats the local layer's decisions bump.
     pub counts: Vec<Count>,
     charges: Vec<Charge>,
@@ -89,10 +101,30 @@ impl Charge {
 
 /// What the local layer decided for one check, before its shared data is written back.
 enum LocalStep {
-    Continue,
     DenyCached(CheckResult),
-    Bucket(CheckResult, Rate),
+    /// The local bucket refused.
+    Refused(CheckResult),
+    /// A local rule's bucket admitted, charging this rate.
+    Decided(CheckResult, Rate),
+    /// Served from the Envoy's lease (after charging the local bucket, if any).
     Leased(CheckResult, Option<Rate>),
+    /// For the shim, after charging the local bucket (if any), asking for a lease of
+    /// `lease` tokens (0: none) when the request holds the acquisition `claim`.
+    Shim {
+        bucket: Option<Rate>,
+        lease: u64,
+        claim: Option<Claim>,
+    },
+    /// This worker is acquiring the counter's lease: wait for it.
+    AwaitLease,
+}
+
+/// A lease acquisition this request holds for the Envoy: the counter, and the time its
+/// claim runs out (which also tells it from a later claim of the same worker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub fingerprint: u64,
+    pub until_ms: u64,
 }
 
 /// The shim's answer did not carry one result per check sent.
@@ -123,7 +155,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
         update(self.store, self.config.local_slots, fingerprint, apply)
     }
 
-    /// Runs the local layer for a planned request: deny cache, local buckets, leases.
+    /// Runs the local layer for a planned request: leases, deny cache, local buckets.
     pub fn before_shim(&self, planned: &[PlannedCheck], now_ms: u64) -> LocalPass {
         let mut pass = LocalPass {
             checks: vec![CheckState::Unknown; planned.len()],
@@ -132,33 +164,35 @@ impl<S: SlotStore> LocalLayer<'_, S> {
         for (item, state) in planned.iter().zip(pass.checks.iter_mut()) {
             let rule = &*item.rule;
             let fingerprint = fingerprint(&item.check.key);
-            let own_rate = item.rate;
             let count = |stat| Count {
                 rule_index: item.rule_index,
                 stat,
             };
-            let step = match self.update(fingerprint, |record| self.step(record, rule, item, now_ms)) {
+            let step = match self.update(fingerprint, |record| self.step(record, item, now_ms)) {
                 Ok(step) => step,
                 // A local rule never calls the shim: without local state its failure
                 // mode decides here.
                 Err(_) if rule.scope == Scope::Local => {
                     let allowed = rule.on_failure != RuleFailureMode::Closed;
-                    LocalStep::Bucket(
-                        CheckResult {
-                            allowed,
-                            limit: item.check.limit,
-                            retry_after_ms: if allowed { 0 } else { 1_000 },
-                            granted: if allowed { item.check.cost } else { 0 },
-                            ..CheckResult::default()
-                        },
-                        own_rate,
-                    )
+                    let result = CheckResult {
+                        allowed,
+                        limit: item.check.limit,
+                        retry_after_ms: if allowed { 0 } else { 1_000 },
+                        granted: if allowed { item.check.cost } else { 0 },
+                        ..CheckResult::default()
+                    };
+                    if allowed {
+                        LocalStep::Decided(result, item.rate)
+                    } else {
+                        LocalStep::Refused(result)
+                    }
                 }
-                // Without local state, the shim still decides a global rule.
-                Err(_) => LocalStep::Continue,
-            };
-            let ask_shim = CheckState::AskShim {
-                lease: rule.lease.map_or(0, |lease| lease.size),
+                // Without local state, the shim still decides a global rule, exactly.
+                Err(_) => LocalStep::Shim {
+                    bucket: None,
+                    lease: 0,
+                    claim: None,
+                },
             };
             let charge = |kind| Charge {
                 fingerprint,
@@ -171,17 +205,21 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                     *state = CheckState::Known(result);
                     pass.refused = true;
                 }
-                LocalStep::Bucket(result, _) if !result.allowed => {
+                LocalStep::Refused(result) => {
                     pass.counts.push(count(Stat::DeniedLocally));
                     *state = CheckState::Known(result);
                     pass.refused |= !rule.shadow;
                 }
-                LocalStep::Bucket(result, rate) => {
+                LocalStep::Decided(result, rate) => {
                     pass.charges.push(charge(ChargeKind::Bucket(rate)));
-                    *state = match rule.scope {
-                        Scope::Local => CheckState::Known(result),
-                        Scope::Global => ask_shim,
-                    };
+                    *state = CheckState::Known(result);
+                }
+                LocalStep::Shim { bucket, lease, claim } => {
+                    if let Some(rate) = bucket {
+                        pass.charges.push(charge(ChargeKind::Bucket(rate)));
+                    }
+                    pass.claims.extend(claim);
+                    *state = CheckState::AskShim { lease };
                 }
                 LocalStep::Leased(result, bucket) => {
                     if let Some(rate) = bucket {
@@ -191,14 +229,15 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                     pass.counts.push(count(Stat::LeaseHits));
                     *state = CheckState::Known(result);
                 }
-                LocalStep::Continue => *state = ask_shim,
+                LocalStep::AwaitLease => pass.awaits_lease = Some(fingerprint),
             }
-            if pass.refused {
+            if pass.refused || pass.awaits_lease.is_some() {
                 break;
             }
         }
-        if pass.refused {
-            self.give_back(&pass.charges);
+        if pass.refused || pass.awaits_lease.is_some() {
+            self.give_back(&std::mem::take(&mut pass.charges));
+            self.release(&std::mem::take(&mut pass.claims));
             for state in &mut pass.checks {
                 if let CheckState::AskShim { .. } = state {
                     *state = CheckState::Unknown;
@@ -208,46 +247,55 @@ impl<S: SlotStore> LocalLayer<'_, S> {
         pass
     }
 
-    /// One check against its slot record: the deny cache, then the local bucket, then
-    /// the lease. Returns the step and whether the record changed.
-    fn step(
-        &self,
-        record: &mut SlotRecord,
-        rule: &Rule,
-        item: &PlannedCheck,
-        now_ms: u64,
-    ) -> (LocalStep, bool) {
-        let check = &item.check;
-        if self.config.deny_cache
-            && !rule.shadow
-            && record.deny_until_ms > now_ms
-            && check.cost >= record.deny_cost
-        {
-            let refusal = CheckResult {
-                allowed: false,
-                limit: check.limit,
-                remaining: 0,
-                // The reset the shim's refusal reported, not the retry time.
-                reset_ms: record.deny_reset_at_ms.max(record.deny_until_ms) - now_ms,
-                retry_after_ms: record.deny_until_ms - now_ms,
-                granted: 0,
-            };
-            return (LocalStep::DenyCached(refusal), false);
+    /// One check against its slot record: a lease this Envoy holds, then the deny
+    /// cache, then a lease acquisition this worker has in flight, then the local bucket.
+    /// Returns the step and whether the record changed.
+    fn step(&self, record: &mut SlotRecord, item: &PlannedCheck, now_ms: u64) -> (LocalStep, bool) {
+        let (rule, check) = (&*item.rule, &item.check);
+        let lease = rule.lease.filter(|_| rule.scope == Scope::Global);
+        let lease_usable =
+            lease.is_some() && record.lease_tokens >= check.cost && now_ms < record.lease_expires_ms;
+        // The deny cache never refuses what this Envoy's own lease can admit.
+        if !lease_usable {
+            if self.config.deny_cache
+                && !rule.shadow
+                && record.deny_until_ms > now_ms
+                && check.cost >= record.deny_cost
+            {
+                let refusal = CheckResult {
+                    allowed: false,
+                    limit: check.limit,
+                    remaining: 0,
+                    // The reset the shim's refusal reported, not the retry time.
+                    reset_ms: record.deny_reset_at_ms.max(record.deny_until_ms) - now_ms,
+                    retry_after_ms: record.deny_until_ms - now_ms,
+                    granted: 0,
+                    lease_window_ms: 0,
+                };
+                return (LocalStep::DenyCached(refusal), false);
+            }
+            if lease.is_some()
+                && self.may_await_lease
+                && record.acquiring_until_ms > now_ms
+                && record.acquirer == self.worker
+            {
+                return (LocalStep::AwaitLease, false);
+            }
         }
-        let bucket_rate = match rule.scope {
+        let bucket = match rule.scope {
             Scope::Local => Some(item.rate),
             Scope::Global => rule.local,
         };
-        let mut step = LocalStep::Continue;
-        if let Some(rate) = bucket_rate {
+        if let Some(rate) = bucket {
             let result = record.bucket.take(now_ms, rate, check.cost);
-            step = LocalStep::Bucket(result, rate);
             if !result.allowed {
-                return (step, true);
+                return (LocalStep::Refused(result), true);
+            }
+            if rule.scope == Scope::Local {
+                return (LocalStep::Decided(result, rate), true);
             }
         }
-        let use_lease = rule.scope == Scope::Global && rule.lease.is_some();
-        if use_lease && record.lease_tokens >= check.cost && now_ms < record.lease_expires_ms {
+        if lease_usable {
             record.lease_tokens -= check.cost;
             let leased = CheckResult {
                 allowed: true,
@@ -256,11 +304,44 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                 reset_ms: record.lease_expires_ms - now_ms,
                 retry_after_ms: 0,
                 granted: check.cost,
+                lease_window_ms: 0,
             };
-            step = LocalStep::Leased(leased, bucket_rate);
+            return (LocalStep::Leased(leased, bucket), true);
         }
-        let write = !matches!(step, LocalStep::Continue);
-        (step, write)
+        // Acquire a lease for the Envoy, unless another worker is: then this request is
+        // checked exactly, and cannot make the Envoy hold a second lease.
+        let claim = match lease {
+            Some(_) if record.acquiring_until_ms <= now_ms => {
+                let until_ms = now_ms + self.config.shim.timeout_ms();
+                record.acquirer = self.worker;
+                record.acquiring_until_ms = until_ms;
+                Some(Claim {
+                    fingerprint: record.fingerprint,
+                    until_ms,
+                })
+            }
+            _ => None,
+        };
+        let step = LocalStep::Shim {
+            bucket,
+            lease: claim.and(lease).map_or(0, |lease| lease.size),
+            claim,
+        };
+        (step, bucket.is_some() || claim.is_some())
+    }
+
+    /// Ends lease acquisitions that will not be answered (the request was refused here,
+    /// waits for another, or went away): the next request may acquire.
+    pub fn release(&self, claims: &[Claim]) {
+        for claim in claims {
+            let _ = self.update(claim.fingerprint, |record| {
+                let ours = record.acquirer == self.worker && record.acquiring_until_ms == claim.until_ms;
+                if ours {
+                    record.acquiring_until_ms = 0;
+                }
+                ((), ours)
+            });
+        }
     }
 
     fn give_back(&self, charges: &[Charge]) {
@@ -274,8 +355,10 @@ impl<S: SlotStore> LocalLayer<'_, S> {
     }
 
     /// Merges the shim's answer (one result per check asked) into the pass, then records
-    /// what the answer teaches: leases granted, keys to deny until their retry time.
-    /// When the request is refused, local charges are given back.
+    /// what the answer teaches: leases granted, keys to deny until their retry time, the
+    /// end of this request's lease acquisitions. A refusal of a request's only shim check
+    /// is served from this Envoy's lease when other requests' grants filled it. When the
+    /// request is refused, local charges are given back.
     pub fn merge_answer(
         &self,
         planned: &[PlannedCheck],
@@ -297,33 +380,80 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                 received: results.len(),
             });
         }
+        let only_check = asked.len() == 1;
         let mut learned = Vec::with_capacity(asked.len());
         for ((item, lease_size, state), result) in asked.into_iter().zip(results) {
             *state = CheckState::Known(*result);
-            learned.push((item, lease_size, *result));
+            learned.push((item, lease_size, *result, state));
         }
-        let allowed = planned.iter().zip(&pass.checks).all(|(item, state)| {
+        let allowed = learned
+            .iter()
+            .all(|(item, _, result, _)| result.allowed || item.rule.shadow);
+        for (item, lease_size, result, state) in learned {
+            self.learn(item, lease_size, &result, allowed, now_ms);
+            // With other checks, the shim charged none of them: admitting this one from
+            // the lease would let them pass uncharged.
+            if only_check && !result.allowed && !item.rule.shadow {
+                if let Some(leased) = self.spend_lease(item, now_ms) {
+                    *state = CheckState::Known(leased);
+                    pass.charges.push(Charge {
+                        fingerprint: fingerprint(&item.check.key),
+                        kind: ChargeKind::Lease,
+                        cost: item.check.cost,
+                    });
+                    pass.counts.push(Count {
+                        rule_index: item.rule_index,
+                        stat: Stat::LeaseHits,
+                    });
+                }
+            }
+        }
+        pass.claims.clear();
+        let admitted = planned.iter().zip(&pass.checks).all(|(item, state)| {
             item.rule.shadow || matches!(state, CheckState::Known(result) if result.allowed)
         });
-        for (item, lease_size, result) in learned {
-            self.learn(item, lease_size, &result, allowed, now_ms);
-        }
-        if !allowed {
+        if !admitted {
             self.give_back(&pass.charges);
         }
         Ok(())
     }
 
-    /// Records a refusal in the deny cache and a granted lease in the counter's slot.
+    /// Takes the check's cost from this Envoy's lease, if it holds enough.
+    fn spend_lease(&self, item: &PlannedCheck, now_ms: u64) -> Option<CheckResult> {
+        item.rule.lease?;
+        let cost = item.check.cost;
+        self.update(fingerprint(&item.check.key), |record| {
+            if record.lease_tokens < cost || now_ms >= record.lease_expires_ms {
+                return (None, false);
+            }
+            record.lease_tokens -= cost;
+            let leased = CheckResult {
+                allowed: true,
+                limit: item.check.limit,
+                remaining: record.lease_tokens,
+                reset_ms: record.lease_expires_ms - now_ms,
+                retry_after_ms: 0,
+                granted: cost,
+                lease_window_ms: 0,
+            };
+            (Some(leased), true)
+        })
+        .ok()
+        .flatten()
+    }
+
+    /// Records a refusal in the deny cache and a granted lease in the counter's slot, and
+    /// ends the acquisition when this check made one.
     fn learn(&self, item: &PlannedCheck, lease_size: u64, result: &CheckResult, allowed: bool, now_ms: u64) {
         let rule = &*item.rule;
         let cost = item.check.cost;
         let remember_denial =
             self.config.deny_cache && !rule.shadow && !result.allowed && result.retry_after_ms > 0;
+        let acquiring = lease_size > 0;
         let lease = rule
             .lease
-            .filter(|_| allowed && lease_size > 0 && result.granted > cost);
-        if !remember_denial && lease.is_none() {
+            .filter(|_| allowed && acquiring && result.granted > cost);
+        if !remember_denial && lease.is_none() && !acquiring {
             return;
         }
         let _ = self.update(fingerprint(&item.check.key), |record| {
@@ -337,7 +467,15 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                     record.lease_tokens = 0;
                 }
                 record.lease_tokens += result.granted - cost;
-                record.lease_expires_ms = now_ms + lease.ttl.as_ms();
+                // Never past the end of the window the tokens were charged to.
+                let ttl_ms = match result.lease_window_ms {
+                    0 => lease.ttl.as_ms(),
+                    window_ms => lease.ttl.as_ms().min(window_ms),
+                };
+                record.lease_expires_ms = now_ms + ttl_ms;
+            }
+            if acquiring && record.acquirer == self.worker {
+                record.acquiring_until_ms = 0;
             }
             ((), true)
         });
@@ -345,6 +483,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
 
     /// Applies each pending rule's failure mode after the shim gave no answer.
     pub fn fall_back(&self, planned: &[PlannedCheck], pass: &mut LocalPass, now_ms: u64) -> FallbackVerdict {
+        self.release(&std::mem::take(&mut pass.claims));
         let mut verdict = FallbackVerdict::Allow;
         for (item, state) in planned.iter().zip(pass.checks.iter_mut()) {
             if !matches!(state, CheckState::AskShim { .. }) {

@@ -11,7 +11,7 @@
 use super::bucket::Bucket;
 
 /// Encoded size of a slot.
-pub const RECORD_LEN: usize = 10 * 8;
+pub const RECORD_LEN: usize = 12 * 8;
 const MAX_ATTEMPTS: usize = 16;
 
 /// Access to the slot table.
@@ -43,6 +43,10 @@ pub struct SlotRecord {
     pub deny_reset_at_ms: u64,
     pub lease_tokens: u64,
     pub lease_expires_ms: u64,
+    /// The worker whose lease acquisition for this counter is in flight, until
+    /// `acquiring_until_ms`: one acquisition per counter per Envoy at a time.
+    pub acquirer: u64,
+    pub acquiring_until_ms: u64,
 }
 
 impl SlotRecord {
@@ -58,6 +62,8 @@ impl SlotRecord {
             self.deny_reset_at_ms,
             self.lease_tokens,
             self.lease_expires_ms,
+            self.acquirer,
+            self.acquiring_until_ms,
         ];
         let mut bytes = [0u8; RECORD_LEN];
         for (chunk, word) in bytes.chunks_exact_mut(8).zip(words) {
@@ -77,7 +83,7 @@ impl SlotRecord {
             le.copy_from_slice(chunk);
             *word = u64::from_le_bytes(le);
         }
-        let [fingerprint, tokens, updated_ms, fallback_tokens, fallback_updated_ms, deny_until_ms, deny_cost, deny_reset_at_ms, lease_tokens, lease_expires_ms] =
+        let [fingerprint, tokens, updated_ms, fallback_tokens, fallback_updated_ms, deny_until_ms, deny_cost, deny_reset_at_ms, lease_tokens, lease_expires_ms, acquirer, acquiring_until_ms] =
             words;
         SlotRecord {
             fingerprint,
@@ -94,6 +100,8 @@ impl SlotRecord {
             deny_reset_at_ms,
             lease_tokens,
             lease_expires_ms,
+            acquirer,
+            acquiring_until_ms,
         }
     }
 }

@@ -52,8 +52,16 @@ fn config(rules: &str, extra: &str) -> FilterConfig {
     FilterConfig::from_json(json.as_bytes()).unwrap()
 }
 
+/// This worker's id in the tests.
+const WORKER: u64 = 1;
+
 fn layer<'a>(config: &'a FilterConfig, store: &'a MapStore) -> LocalLayer<'a, MapStore> {
-    LocalLayer { config, store }
+    LocalLayer {
+        config,
+        store,
+        worker: WORKER,
+        may_await_lease: true,
+    }
 }
 
 /// The result decided for the check at `position` of the plan.
@@ -84,6 +92,7 @@ fn shim_result(allowed: bool, granted: u64, retry_after_ms: u64) -> CheckResult 
         reset_ms: 1000,
         retry_after_ms,
         granted,
+        lease_window_ms: 0,
     }
 }
 
@@ -316,4 +325,126 @@ fn failure_modes_per_rule() {
             FallbackVerdict::Refused
         ]
     );
+}
+
+const LEASED_RULE: &str = r#"{"name": "g", "key": [{"header": "x-api-key"}], "limit": 100, "period": "1m",
+                              "lease": {"size": 5, "ttl": "1s"}}"#;
+
+fn worker<'a>(config: &'a FilterConfig, store: &'a MapStore, worker: u64) -> LocalLayer<'a, MapStore> {
+    LocalLayer {
+        worker,
+        ..layer(config, store)
+    }
+}
+
+#[test]
+fn one_lease_acquisition_per_counter_per_envoy_and_the_workers_requests_wait_for_it() {
+    let config = config(LEASED_RULE, "");
+    let store = MapStore::with_slots(&config);
+    let (first_worker, second_worker) = (worker(&config, &store, 1), worker(&config, &store, 2));
+    let planned = plan(&config, &request("k"));
+    let mut acquiring = first_worker.before_shim(&planned, 1_000);
+    assert_eq!(acquiring.checks, [ask(5)]);
+    assert_eq!(acquiring.claims.len(), 1);
+    // The same worker waits for that answer, charging nothing meanwhile.
+    let waiting = first_worker.before_shim(&planned, 1_010);
+    assert_eq!(waiting.awaits_lease, Some(fingerprint(&planned[0].check.key)));
+    assert_eq!(waiting.checks, [CheckState::Unknown]);
+    // Another worker cannot make the Envoy hold a second lease: it is checked exactly.
+    assert_eq!(second_worker.before_shim(&planned, 1_010).checks, [ask(0)]);
+    // Past its deadline a request does not wait: it too is checked exactly.
+    let impatient = LocalLayer {
+        may_await_lease: false,
+        ..worker(&config, &store, 1)
+    };
+    assert_eq!(impatient.before_shim(&planned, 1_020).checks, [ask(0)]);
+    first_worker
+        .merge_answer(&planned, &mut acquiring, &[shim_result(true, 5, 0)], 1_050)
+        .unwrap();
+    // The waiting request, run again, spends the lease; so does the other worker.
+    assert_eq!(
+        first_worker.before_shim(&planned, 1_060).counts,
+        [count(Stat::LeaseHits)]
+    );
+    assert_eq!(
+        second_worker.before_shim(&planned, 1_060).counts,
+        [count(Stat::LeaseHits)]
+    );
+}
+
+#[test]
+fn an_acquisition_that_will_not_be_answered_is_released() {
+    const LOCAL: &str =
+        r#"{"name": "l", "scope": "local", "key": [{"header": "x-api-key"}], "limit": 1, "period": "1h"}"#;
+    let both = config(&format!("{LEASED_RULE}, {LOCAL}"), "");
+    let local_only = config(LOCAL, "");
+    let store = MapStore::with_slots(&both);
+    // Spend the local rule's only token (same rule name and key: the same counter).
+    assert!(
+        !layer(&local_only, &store)
+            .before_shim(&plan(&local_only, &request("k")), 1_000)
+            .refused
+    );
+    // The leased rule claims the acquisition, then the local rule refuses: the claim
+    // goes with the refusal, so nobody waits for an answer that will not come.
+    let local = layer(&both, &store);
+    let planned = plan(&both, &request("k"));
+    let refused = local.before_shim(&planned, 1_001);
+    assert!(refused.refused);
+    assert!(refused.claims.is_empty());
+    let leased_only = config(LEASED_RULE, "");
+    let next = layer(&leased_only, &store).before_shim(&plan(&leased_only, &request("k")), 1_002);
+    assert_eq!(next.awaits_lease, None);
+    assert_eq!(next.checks, [ask(5)]);
+}
+
+#[test]
+fn a_refusal_of_a_requests_only_check_is_served_from_the_envoys_lease() {
+    let config = config(LEASED_RULE, "");
+    let store = MapStore::with_slots(&config);
+    let (first_worker, second_worker) = (worker(&config, &store, 1), worker(&config, &store, 2));
+    let planned = plan(&config, &request("k"));
+    let mut acquiring = first_worker.before_shim(&planned, 1_000);
+    let mut exact = second_worker.before_shim(&planned, 1_000);
+    // The grant comes back first, then the other worker's exact check is refused (the
+    // grant took the counter's last tokens): the lease admits it instead.
+    first_worker
+        .merge_answer(&planned, &mut acquiring, &[shim_result(true, 5, 0)], 1_010)
+        .unwrap();
+    second_worker
+        .merge_answer(&planned, &mut exact, &[shim_result(false, 0, 30_000)], 1_010)
+        .unwrap();
+    assert!(known(&exact, 0).allowed);
+    assert_eq!(exact.counts, [count(Stat::LeaseHits)]);
+    // The refusal is remembered, but never refuses what the lease can still admit.
+    for _ in 0..3 {
+        assert_eq!(
+            first_worker.before_shim(&planned, 1_020).counts,
+            [count(Stat::LeaseHits)]
+        );
+    }
+    let refused = first_worker.before_shim(&planned, 1_020);
+    assert_eq!(refused.counts, [count(Stat::DenyCacheHits)]);
+}
+
+#[test]
+fn a_lease_never_outlives_the_window_it_was_charged_to() {
+    let config = config(LEASED_RULE, "");
+    let store = MapStore::with_slots(&config);
+    let local = layer(&config, &store);
+    let planned = plan(&config, &request("k"));
+    let mut acquiring = local.before_shim(&planned, 1_000);
+    let grant = CheckResult {
+        lease_window_ms: 200,
+        ..shim_result(true, 5, 0)
+    };
+    local
+        .merge_answer(&planned, &mut acquiring, &[grant], 1_000)
+        .unwrap();
+    assert_eq!(
+        local.before_shim(&planned, 1_199).counts,
+        [count(Stat::LeaseHits)]
+    );
+    // The window ended at 1,200 ms, well before the rule's 1 s ttl.
+    assert_eq!(local.before_shim(&planned, 1_200).checks, [ask(5)]);
 }

@@ -67,7 +67,12 @@ fn into_reply(result: Result<ureq::Response, ureq::Error>) -> Reply {
 
 /// GET with headers; a transport failure is status 0.
 pub fn get(url: &str, headers: &[(&str, &str)]) -> Reply {
-    let mut request = agent().get(url);
+    get_with(&agent(), url, headers)
+}
+
+/// GET with headers and a given agent (reusing its connections).
+pub fn get_with(agent: &ureq::Agent, url: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut request = agent.get(url);
     for (name, value) in headers {
         request = request.set(name, value);
     }

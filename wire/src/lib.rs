@@ -11,7 +11,8 @@
 //!   A shadow check never changes the decision; its counter moves so that what it would
 //!   have refused can be logged.
 //! - A check with `lease: N` (N >= cost) asks for up to N tokens: when allowed it is
-//!   charged and granted `min(N, available)` (at least `cost`), reported in `granted`.
+//!   charged and granted `min(N, available / 2)` (at least `cost`), reported in
+//!   `granted`, with `lease_window_ms` bounding when they may be spent.
 //! - `remaining` counts whole requests of cost 1 still admissible now (after the charge);
 //!   `reset_ms` is the time until the counter is back to its full limit; `retry_after_ms`
 //!   the time until this check would admit the request (0 when it admits).
@@ -155,6 +156,10 @@ pub struct CheckResult {
     /// Tokens charged to this counter by this request: `cost`, a lease, or 0.
     #[serde(default)]
     pub granted: u64,
+    /// How long the tokens granted beyond `cost` may be spent before they would cross
+    /// into a window they were not charged to; 0: no bound but the rule's lease ttl.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lease_window_ms: u64,
 }
 
 /// Why a check request is refused before it reaches Redis.

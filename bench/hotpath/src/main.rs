@@ -78,7 +78,8 @@ fn one_request(local: &LocalLayer<'_, Store>, now: u64, answer_body: &[u8]) -> u
                 events: started.events,
             })
         }
-        Start::AskShim(checks) => checks,
+        Start::AskShim { checks, .. } => checks,
+        Start::AwaitLease(_) => unreachable!("one request at a time never waits for a lease"),
     };
     black_box(&started.events);
     let body = batch_body(vec![checks]).unwrap();
@@ -97,6 +98,8 @@ fn run(path: &str, n: u64) {
     let local = LocalLayer {
         config: &config,
         store: &store,
+        worker: 1,
+        may_await_lease: true,
     };
     let answer = br#"{"responses":[{"decided":{"allowed":true,"results":[{"allowed":true,"limit":1000000,"remaining":999999,"reset_ms":1,"retry_after_ms":0,"granted":1}]}}]}"#;
     let mut now = 1_780_000_000_000u64;

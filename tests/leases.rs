@@ -1,0 +1,187 @@
+//! Leases against their stated bounds (docs/LOCAL.md), in both directions: three Envoys
+//! of two workers each, one shim, one Redis, every 200 a real admission (the rules fail
+//! closed, so a failure would show as a 503, never as a 200).
+
+mod support;
+
+use serde_json::{json, Value};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use support::*;
+
+const ENVOYS: usize = 3;
+const LIMIT: usize = 100;
+const LEASE: usize = 10;
+/// What docs/LOCAL.md promises a burst: each other Envoy holds at most one lease's
+/// leftover (`size - 1` tokens) that it may not spend.
+const BURST_FLOOR: usize = LIMIT - (ENVOYS - 1) * (LEASE - 1);
+
+fn config(algorithm: &str, period: &str, ttl: &str) -> Value {
+    json!({ "shim_cluster": "ratelimit_shim", "timeout": "5s", "failure_mode": "closed",
+            "rules": [{ "name": "leased", "algorithm": algorithm, "key": [{ "header": "x-api-key" }],
+                        "limit": LIMIT, "period": period, "lease": { "size": LEASE, "ttl": ttl } }] })
+}
+
+struct Fleet {
+    _redis: Redis,
+    _shim: Shim,
+    envoys: Vec<Envoy>,
+}
+
+impl Fleet {
+    fn start(config: &Value) -> Fleet {
+        let redis = Redis::start();
+        let shim = Shim::start(&redis.url(), &[]);
+        let envoys = (0..ENVOYS).map(|_| Envoy::start(shim.port, config)).collect();
+        Fleet {
+            _redis: redis,
+            _shim: shim,
+            envoys,
+        }
+    }
+
+    fn stat(&self, name: &str) -> u64 {
+        self.envoys.iter().map(|envoy| envoy.stat(name)).sum()
+    }
+}
+
+/// `threads` connections per Envoy in `envoys`, released together, each sending
+/// `per_thread` requests for `key`; returns the statuses per Envoy.
+fn burst(fleet: &Fleet, envoys: &[usize], threads: usize, per_thread: usize, key: &str) -> Vec<Vec<u16>> {
+    let barrier = Arc::new(Barrier::new(envoys.len() * threads));
+    let handles: Vec<_> = envoys
+        .iter()
+        .map(|&e| {
+            let url = fleet.envoys[e].url("/");
+            (0..threads)
+                .map(|_| {
+                    let (url, key, barrier) = (url.clone(), key.to_string(), barrier.clone());
+                    std::thread::spawn(move || {
+                        let agent = agent();
+                        barrier.wait();
+                        (0..per_thread)
+                            .map(|_| get_with(&agent, &url, &[("x-api-key", &key)]).status)
+                            .collect::<Vec<u16>>()
+                    })
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|per_envoy| per_envoy.into_iter().flat_map(|h| h.join().unwrap()).collect())
+        .collect()
+}
+
+fn admitted(statuses: &[u16]) -> usize {
+    assert!(
+        statuses.iter().all(|&s| s == 200 || s == 429),
+        "only admissions and refusals: {statuses:?}"
+    );
+    statuses.iter().filter(|&&s| s == 200).count()
+}
+
+// Regression: every request of a burst asked for its own lease, ten grants drained the
+// limit into whichever worker got them, and the rest of the burst was refused while
+// those tokens sat unspent: 10 to 101 of 100 admitted.
+#[test]
+fn a_burst_spread_over_envoys_admits_the_limit_within_the_stated_bound() {
+    let fleet = Fleet::start(&config("token_bucket", "1h", "5s"));
+    for round in 0..3 {
+        let key = format!("burst-{round}");
+        let statuses = burst(&fleet, &[0, 1, 2], 20, 10, &key);
+        let admitted: usize = statuses.iter().map(|s| admitted(s)).sum();
+        eprintln!("round {round}: {admitted} of 600 admitted");
+        assert!(admitted <= LIMIT, "{admitted} admitted over the limit");
+        assert!(
+            admitted >= BURST_FLOOR,
+            "{admitted} admitted, floor {BURST_FLOOR}"
+        );
+    }
+}
+
+// Regression: after a burst on one Envoy, it kept 51-97 leased tokens while requests to
+// the other Envoys were refused.
+#[test]
+fn a_burst_on_one_envoy_leaves_the_others_their_share() {
+    let fleet = Fleet::start(&config("token_bucket", "1h", "5s"));
+    let first = admitted(&burst(&fleet, &[0], 30, 1, "shared")[0]);
+    assert_eq!(first, 30);
+    let others: usize = burst(&fleet, &[1, 2], 20, 1, "shared")
+        .iter()
+        .map(|s| admitted(s))
+        .sum();
+    // 70 tokens were left: the first Envoy holds at most one lease's leftover of them.
+    assert_eq!(others, 40, "requests to the other Envoys were refused");
+    let url = fleet.envoys[0].url("/");
+    let agent = agent();
+    let mut more = 0;
+    for _ in 0..LIMIT {
+        more += usize::from(get_with(&agent, &url, &[("x-api-key", "shared")]).status == 200);
+    }
+    // What the other Envoys leased and never spent is the only shortfall.
+    let total = first + others + more;
+    assert!((BURST_FLOOR..=LIMIT).contains(&total), "{total} admitted in all");
+}
+
+/// Milliseconds since the Unix epoch: Redis on this machine keeps the same clock.
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+fn sleep_until(ms: u64) {
+    let now = now_ms();
+    if ms > now {
+        std::thread::sleep(Duration::from_millis(ms - now));
+    }
+}
+
+// Regression: tokens leased in the last moments of a fixed window were spent in the
+// next one on top of its full limit: up to 184 of 100 admitted inside one window.
+#[test]
+fn leases_never_carry_tokens_across_a_fixed_window() {
+    const PERIOD_MS: u64 = 4_000;
+    let fleet = Fleet::start(&config("fixed_window", "4s", "3s"));
+    for round in 0..2 {
+        let key = format!("window-{round}");
+        // Late in a window, every Envoy leases; then a flood just after the boundary.
+        let boundary = (now_ms() / PERIOD_MS + 1) * PERIOD_MS;
+        sleep_until(boundary - 400);
+        let late = burst(&fleet, &[0, 1, 2], 10, 1, &key);
+        assert!(
+            now_ms() < boundary,
+            "the late burst took past the boundary: rerun on a quieter machine"
+        );
+        let late: usize = late.iter().map(|s| admitted(s)).sum();
+        sleep_until(boundary + 20);
+        let statuses = burst(&fleet, &[0, 1, 2], 20, 5, &key);
+        assert!(now_ms() < boundary + PERIOD_MS, "the flood took a whole window");
+        let next_window: usize = statuses.iter().map(|s| admitted(s)).sum();
+        eprintln!("round {round}: {late} admitted late in a window, {next_window} of 300 in the next");
+        assert_eq!(late, 30);
+        assert!(
+            next_window <= LIMIT,
+            "{next_window} admitted in one window of {LIMIT}"
+        );
+        assert!(
+            next_window >= BURST_FLOOR,
+            "{next_window} admitted, floor {BURST_FLOOR}"
+        );
+    }
+}
+
+#[test]
+fn leases_cut_shim_calls_at_least_by_half_their_size_under_the_limit() {
+    let fleet = Fleet::start(&config("token_bucket", "1h", "1m"));
+    let url = fleet.envoys[0].url("/");
+    let agent = agent();
+    let sent = 60;
+    for _ in 0..sent {
+        assert_eq!(get_with(&agent, &url, &[("x-api-key", "calm")]).status, 200);
+    }
+    let calls = fleet.stat("wasmcustom.ratelimit.leased.shim_checks") as usize;
+    assert!(
+        calls * LEASE / 2 <= sent,
+        "{calls} shim calls for {sent} requests"
+    );
+}
