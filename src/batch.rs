@@ -129,6 +129,11 @@ impl<T> Batcher<T> {
         next
     }
 
+    /// Whether a call may start now.
+    pub fn may_call(&self) -> bool {
+        self.calls.len() < self.max_in_flight
+    }
+
     /// Whether requests are waiting.
     pub fn has_waiting(&self) -> bool {
         !self.queue.is_empty()

@@ -8,12 +8,12 @@
 //! must record (stats, log lines): deciding never touches the host.
 
 use crate::config::RuleFailureMode;
-use crate::local::{CheckState, Claim, FallbackVerdict, LocalLayer, LocalPass, SlotStore};
+use crate::local::{CheckState, Claim, FallbackVerdict, HeldLease, LocalLayer, LocalPass, SlotStore};
 use crate::plan::PlannedCheck;
 use crate::response::{decide, shadow_refusals, unavailable, Judged, Outcome};
 use crate::shim_call::ShimFailure;
 use crate::stats::{Count, Stat};
-use crate::wire::{Check, CheckResult};
+use crate::wire::{Check, CheckResult, TokenReturn};
 
 /// Something the host records for a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +23,10 @@ pub enum Event {
     ShadowRefusal(String),
     /// The shim gave no usable answer (logged as a warning).
     ShimFailed(ShimFailure),
+    /// The shim granted this Envoy a lease: what is left of it when it expires goes back.
+    LeaseGranted(HeldLease),
+    /// Leased tokens left unspent, to give back to the shim with the next call.
+    ReturnTokens(TokenReturn),
 }
 
 /// A step's result and the events to record for it.
@@ -99,7 +103,10 @@ impl RequestDecision {
     ) -> Transition<Outcome> {
         match local.merge_answer(&self.planned, &mut self.pass, results, now_ms) {
             Ok(()) => {
-                let mut events: Vec<Event> = self.pass.counts.drain(..).map(Event::Count).collect();
+                let pass = &mut self.pass;
+                let mut events: Vec<Event> = pass.counts.drain(..).map(Event::Count).collect();
+                events.extend(pass.granted_leases.drain(..).map(Event::LeaseGranted));
+                events.extend(pass.returns.drain(..).map(Event::ReturnTokens));
                 let next = self.decide_known(local, now_ms, &mut events);
                 Transition { next, events }
             }
@@ -273,6 +280,7 @@ mod tests {
             retry_after_ms: if allowed { 0 } else { 1_000 },
             granted: u64::from(allowed),
             lease_window_ms: 0,
+            lease_stamp: 0,
         }
     }
 

@@ -251,6 +251,7 @@ mod tests {
             retry_after_ms,
             granted: u64::from(allowed),
             lease_window_ms: 0,
+            lease_stamp: 0,
         }
     }
 

@@ -3,7 +3,9 @@
 //! go wrong as a [`ShimFailure`]. Pure: the host layer sends the bytes and hands back the
 //! call's status and body.
 
-use crate::wire::{BatchAnswer, BatchCheckRequest, BatchCheckResponse, Check, CheckRequest, CheckResult};
+use crate::wire::{
+    BatchAnswer, BatchCheckRequest, BatchCheckResponse, Check, CheckRequest, CheckResult, TokenReturn,
+};
 use std::fmt;
 
 /// Why the shim gave no usable answer for a request; each rule's failure mode decides.
@@ -46,13 +48,15 @@ impl fmt::Display for ShimFailure {
     }
 }
 
-/// The body of one batched call: each request's checks, in order.
-pub fn batch_body(requests: Vec<Vec<Check>>) -> Result<Vec<u8>, ShimFailure> {
+/// The body of one batched call: each request's checks, in order, and leased tokens
+/// given back.
+pub fn batch_body(requests: Vec<Vec<Check>>, returns: Vec<TokenReturn>) -> Result<Vec<u8>, ShimFailure> {
     let batch = BatchCheckRequest {
         requests: requests
             .into_iter()
             .map(|checks| CheckRequest { checks })
             .collect(),
+        returns,
     };
     serde_json::to_vec(&batch).map_err(|e| ShimFailure::Unreachable(format!("cannot encode the checks: {e}")))
 }

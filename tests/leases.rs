@@ -6,7 +6,7 @@ mod support;
 
 use serde_json::{json, Value};
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use support::*;
 
 const ENVOYS: usize = 3;
@@ -142,22 +142,25 @@ fn sleep_until(ms: u64) {
 fn leases_never_carry_tokens_across_a_fixed_window() {
     const PERIOD_MS: u64 = 4_000;
     let fleet = Fleet::start(&config("fixed_window", "4s", "3s"));
-    for round in 0..2 {
-        let key = format!("window-{round}");
+    let mut rounds = 0;
+    for attempt in 0..6 {
+        let key = format!("window-{attempt}");
         // Late in a window, every Envoy leases; then a flood just after the boundary.
         let boundary = (now_ms() / PERIOD_MS + 1) * PERIOD_MS;
         sleep_until(boundary - 400);
         let late = burst(&fleet, &[0, 1, 2], 10, 1, &key);
-        assert!(
-            now_ms() < boundary,
-            "the late burst took past the boundary: rerun on a quieter machine"
-        );
-        let late: usize = late.iter().map(|s| admitted(s)).sum();
+        let late_done = now_ms();
         sleep_until(boundary + 20);
         let statuses = burst(&fleet, &[0, 1, 2], 20, 5, &key);
-        assert!(now_ms() < boundary + PERIOD_MS, "the flood took a whole window");
+        if late_done >= boundary || now_ms() >= boundary + PERIOD_MS {
+            // A machine too slow for the scenario's timing this time: the late burst
+            // spilled into the next window, or the flood into a third. Try again.
+            eprintln!("attempt {attempt}: timing missed, again");
+            continue;
+        }
+        let late: usize = late.iter().map(|s| admitted(s)).sum();
         let next_window: usize = statuses.iter().map(|s| admitted(s)).sum();
-        eprintln!("round {round}: {late} admitted late in a window, {next_window} of 300 in the next");
+        eprintln!("attempt {attempt}: {late} admitted late in a window, {next_window} of 300 in the next");
         assert_eq!(late, 30);
         assert!(
             next_window <= LIMIT,
@@ -167,7 +170,12 @@ fn leases_never_carry_tokens_across_a_fixed_window() {
             next_window >= BURST_FLOOR,
             "{next_window} admitted, floor {BURST_FLOOR}"
         );
+        rounds += 1;
+        if rounds == 2 {
+            return;
+        }
     }
+    panic!("only {rounds} of 6 attempts met the scenario's timing");
 }
 
 #[test]
@@ -184,4 +192,33 @@ fn leases_cut_shim_calls_at_least_by_half_their_size_under_the_limit() {
         calls * LEASE / 2 <= sent,
         "{calls} shim calls for {sent} requests"
     );
+}
+
+#[test]
+fn a_quiet_envoy_gives_its_unspent_lease_back() {
+    // Ten an hour: nothing refills during the test. A 1 s timeout ticks every 500 ms.
+    let config = json!({ "shim_cluster": "ratelimit_shim", "timeout": "1s", "failure_mode": "closed",
+                         "deny_cache": false,
+                         "rules": [{ "name": "leased", "key": [{ "header": "x-api-key" }], "limit": 10,
+                                     "period": "1h", "lease": { "size": 10, "ttl": "1s" } }] });
+    let fleet = Fleet::start(&config);
+    let (quiet, busy) = (fleet.envoys[0].url("/"), fleet.envoys[1].url("/"));
+    let agent = agent();
+    let ask = |url: &str| get_with(&agent, url, &[("x-api-key", "quiet")]).status == 200;
+    // The quiet Envoy leases half of the ten and spends one; the busy one gets the rest.
+    assert!(ask(&quiet));
+    let busy_first: usize = (0..6).map(|_| usize::from(ask(&busy))).sum();
+    assert_eq!(busy_first, 5);
+    // Once the quiet Envoy's lease expires, its four unspent tokens go back to the shim.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut busy_later = 0;
+    while busy_later < 4 && Instant::now() < deadline {
+        if ask(&busy) {
+            busy_later += 1;
+        } else {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    assert_eq!(busy_later, 4, "the quiet Envoy's leftover came back");
+    assert!(!ask(&busy) && !ask(&quiet), "and not a token more than the limit");
 }

@@ -552,3 +552,29 @@ fn a_batch_needs_the_shared_token_too() {
     assert_eq!(post(&url, &[("x-ratelimit-token", "s3cret")], &body).status, 200);
     assert_eq!(redis.cli(&["DBSIZE"]), "1");
 }
+
+#[test]
+fn unspent_leased_tokens_given_back_are_available_again() {
+    let (_redis, shim) = started();
+    for algorithm in ALGORITHMS {
+        let key = format!("give-back-{algorithm}");
+        let lease = with(check_of(&key, algorithm, 10, 600_000), "lease", json!(4));
+        let granted = decide_one(&shim, &lease);
+        assert_eq!(number(&granted, 0, "granted"), 4, "{algorithm}");
+        let stamp = granted["results"][0]["lease_stamp"].as_i64().unwrap_or(0);
+        let peek = |check: &Value| number(&decide_one(&shim, check), 0, "remaining");
+        let one = check_of(&key, algorithm, 10, 600_000);
+        // 4 granted, 1 more taken by this look: 5 left.
+        assert_eq!(peek(&one), 5, "{algorithm}");
+        // The Envoy spent one of its four and gives back three, with no request at all.
+        let back = json!({ "requests": [], "returns": [{ "key": key, "algorithm": algorithm,
+                           "limit": 10, "period_ms": 600_000, "amount": 3, "stamp": stamp }] });
+        let reply = post(&shim.url("/v1/check-batch"), &[], &back.to_string());
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(
+            peek(&one),
+            7,
+            "{algorithm}: the three came back (and one more was taken)"
+        );
+    }
+}

@@ -12,7 +12,7 @@
 
 use crate::scripts::{Charge, Mode, Row};
 use crate::store::{Store, StoreError};
-use ratelimit_wire::{Check, CheckResult};
+use ratelimit_wire::{Check, CheckResult, TokenReturn};
 
 /// What the shim answers for one request, and what it took to decide it.
 #[derive(Debug)]
@@ -150,6 +150,44 @@ async fn fail<S: Store>(
         refund,
         earlier_refund,
     }
+}
+
+/// Gives back leased tokens an Envoy did not spend (`keys` are the returns' keys with
+/// the shim's prefix), slot by slot. Best effort: a lost return only leaves the counter
+/// stricter than it need be.
+pub async fn give_back<S: Store>(
+    store: &S,
+    keys: &[String],
+    returns: &[TokenReturn],
+) -> Result<(), StoreError> {
+    let checks: Vec<Check> = returns
+        .iter()
+        .map(|back| Check {
+            key: back.key.clone(),
+            algorithm: back.algorithm,
+            limit: back.limit,
+            period_ms: back.period_ms,
+            cost: 1,
+            shadow: false,
+            lease: 0,
+        })
+        .collect();
+    for group in store.group_by_slot(keys) {
+        let charges: Vec<Charge<'_>> = group
+            .iter()
+            .filter_map(|&i| {
+                let back = returns.get(i)?;
+                Some(Charge {
+                    key: keys.get(i)?,
+                    check: checks.get(i)?,
+                    granted: back.amount,
+                    stamp: back.stamp,
+                })
+            })
+            .collect();
+        store.refund(&charges).await?;
+    }
+    Ok(())
 }
 
 /// Decides `checks`, whose Redis keys (prefixed) are `keys`.

@@ -126,9 +126,23 @@ pub async fn check_batch(
             return error(StatusCode::BAD_REQUEST, message);
         }
     };
+    // Tokens given back first, so the requests of this batch can have them.
+    if !batch.returns.is_empty() {
+        let keys: Vec<String> = batch
+            .returns
+            .iter()
+            .map(|back| format!("{}{}", shim.config.key_prefix, back.key))
+            .collect();
+        if let Err(error) = decision::give_back(&shim.store, &keys, &batch.returns).await {
+            tracing::warn!(%error, keys = ?keys, "returning unspent leased tokens failed");
+        }
+    }
     // The requests that find no permit are refused one by one, as if each had come
     // alone, so a bound below the batch size still decides what it can.
-    let admitted_count = shim.admission.admit_more(&mut permit, batch.requests.len());
+    let admitted_count = shim
+        .admission
+        .admit_more(&mut permit, batch.requests.len())
+        .min(batch.requests.len());
     let (admitted, refused) = batch.requests.split_at(admitted_count);
     let decided = join_all(admitted.iter().map(|request| decide_request(&shim, request))).await;
     let elapsed = started.elapsed();

@@ -136,6 +136,7 @@ impl Row {
             retry_after_ms: self.retry_after_ms,
             granted: self.granted,
             lease_window_ms: self.lease_window_ms,
+            lease_stamp: if self.granted > check.cost { self.stamp } else { 0 },
         }
     }
 }

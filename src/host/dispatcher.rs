@@ -13,11 +13,12 @@ use super::hostcalls::{
 use super::request_state::{PendingRequest, RequestState};
 use super::Worker;
 use crate::batch::{Batch, Batcher, Call};
-use crate::local::Claim;
+use crate::local::{Claim, HeldLease};
 use crate::shim_call::{batch_body, read_batch_answer, RequestAnswer, ShimFailure};
-use crate::wire::{Check, CHECK_BATCH_PATH, TOKEN_HEADER};
+use crate::wire::{Check, TokenReturn, CHECK_BATCH_PATH, MAX_BATCH, TOKEN_HEADER};
 use proxy_wasm::types::{Action, LogLevel, MapType};
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Weak;
 use std::time::Duration;
 
@@ -47,6 +48,10 @@ pub struct Dispatcher {
     wake_queue: u32,
     batcher: RefCell<Batcher<QueuedRequest>>,
     lease_waiters: RefCell<Vec<LeaseWaiter>>,
+    /// Leases this worker acquired for the Envoy, by counter, until they expire.
+    held_leases: RefCell<HashMap<u64, HeldLease>>,
+    /// Unspent leased tokens to give back with the next call.
+    returns: RefCell<Vec<TokenReturn>>,
 }
 
 impl Dispatcher {
@@ -56,6 +61,49 @@ impl Dispatcher {
             wake_queue,
             batcher: RefCell::new(Batcher::new(calls_in_flight, timeout_ms)),
             lease_waiters: RefCell::new(Vec::new()),
+            held_leases: RefCell::new(HashMap::new()),
+            returns: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Remembers a lease this worker acquired, to give back what it leaves.
+    pub fn hold_lease(&self, lease: HeldLease) {
+        self.held_leases.borrow_mut().insert(lease.fingerprint, lease);
+    }
+
+    /// Queues unspent tokens for the next call.
+    pub fn give_back(&self, back: TokenReturn) {
+        self.returns.borrow_mut().push(back);
+    }
+
+    /// Takes what expired leases left, and sends it back at once when no call is due to
+    /// carry it.
+    fn return_expired_leases(&self, worker: &Worker, now: u64) {
+        let expired: Vec<HeldLease> = {
+            let mut held = self.held_leases.borrow_mut();
+            let expired: Vec<u64> = held
+                .values()
+                .filter(|lease| lease.expires_ms <= now)
+                .map(|lease| lease.fingerprint)
+                .collect();
+            expired.iter().filter_map(|f| held.remove(f)).collect()
+        };
+        let local = worker.local(false);
+        for lease in &expired {
+            if let Some(back) = local.take_leftover(lease, now) {
+                self.give_back(back);
+            }
+        }
+        let idle = !self.batcher.borrow().has_waiting() && self.batcher.borrow().may_call();
+        if idle && !self.returns.borrow().is_empty() {
+            self.send(
+                worker,
+                Batch {
+                    members: Vec::new(),
+                    timeout_ms: worker.config.shim.timeout_ms(),
+                },
+                now,
+            );
         }
     }
 
@@ -131,6 +179,7 @@ impl Dispatcher {
     /// failed within about one timeout.
     pub fn on_tick(&self, worker: &Worker) {
         let now = now_ms();
+        self.return_expired_leases(worker, now);
         let overdue: Vec<u64> = self
             .lease_waiters
             .borrow()
@@ -186,11 +235,17 @@ impl Dispatcher {
             timeout_ms,
         } = batch;
         let shim = &worker.config.shim;
+        let returns = {
+            let mut returns = self.returns.borrow_mut();
+            let count = returns.len().min(MAX_BATCH);
+            returns.drain(..count).collect()
+        };
         let body = batch_body(
             requests
                 .iter_mut()
                 .map(|request| std::mem::take(&mut request.checks))
                 .collect(),
+            returns,
         );
         let sent = body.and_then(|body| {
             let mut headers = vec![

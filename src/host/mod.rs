@@ -60,6 +60,8 @@ impl Worker {
                     &format!("shadow rule {rule} would refuse this request"),
                 ),
                 Event::ShimFailed(failure) => log(LogLevel::Warn, &format!("shim check failed: {failure}")),
+                Event::LeaseGranted(lease) => self.dispatcher.hold_lease(lease),
+                Event::ReturnTokens(back) => self.dispatcher.give_back(back),
             }
         }
     }

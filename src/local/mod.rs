@@ -21,7 +21,7 @@ pub use slots::{create_slots, fingerprint, slot_of, SlotError, SlotRecord, SlotS
 use crate::config::{FilterConfig, RuleFailureMode, Scope};
 use crate::plan::PlannedCheck;
 use crate::stats::{Count, Stat};
-use crate::wire::{CheckResult, Rate};
+use crate::wire::{Check, CheckResult, Rate, TokenReturn};
 use slots::update;
 
 /// The local layer of one filter instance on one worker: its configuration over its
@@ -60,9 +60,38 @@ pub struct LocalPass {
     pub awaits_lease: Option<u64>,
     /// Lease acquisitions this request holds for the Envoy.
     pub claims: Vec<Claim>,
+    /// When the local layer ran: a lease's time counts from before the shim charged it.
+    pub at_ms: u64,
     /// Stats the local layer's decisions bump.
     pub counts: Vec<Count>,
+    /// Leases the shim's answer granted to this Envoy, to give back what they leave.
+    pub granted_leases: Vec<HeldLease>,
+    /// Expired leftovers of earlier leases, to give back to the shim.
+    pub returns: Vec<TokenReturn>,
     charges: Vec<Charge>,
+}
+
+/// A lease this worker acquired for the Envoy, until `expires_ms`: what is left of it
+/// then goes back to the shim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLease {
+    pub fingerprint: u64,
+    pub expires_ms: u64,
+    /// The counter the tokens came from (its check, as sent).
+    pub counter: Check,
+}
+
+impl HeldLease {
+    fn token_return(&self, amount: u64, stamp: i64) -> TokenReturn {
+        TokenReturn {
+            key: self.counter.key.clone(),
+            algorithm: self.counter.algorithm,
+            limit: self.counter.limit,
+            period_ms: self.counter.period_ms,
+            amount,
+            stamp,
+        }
+    }
 }
 
 impl LocalPass {
@@ -159,6 +188,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
     pub fn before_shim(&self, planned: &[PlannedCheck], now_ms: u64) -> LocalPass {
         let mut pass = LocalPass {
             checks: vec![CheckState::Unknown; planned.len()],
+            at_ms: now_ms,
             ..LocalPass::default()
         };
         for (item, state) in planned.iter().zip(pass.checks.iter_mut()) {
@@ -271,6 +301,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                     retry_after_ms: record.deny_until_ms - now_ms,
                     granted: 0,
                     lease_window_ms: 0,
+                    lease_stamp: 0,
                 };
                 return (LocalStep::DenyCached(refusal), false);
             }
@@ -305,6 +336,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                 retry_after_ms: 0,
                 granted: check.cost,
                 lease_window_ms: 0,
+                lease_stamp: 0,
             };
             return (LocalStep::Leased(leased, bucket), true);
         }
@@ -390,7 +422,9 @@ impl<S: SlotStore> LocalLayer<'_, S> {
             .iter()
             .all(|(item, _, result, _)| result.allowed || item.rule.shadow);
         for (item, lease_size, result, state) in learned {
-            self.learn(item, lease_size, &result, allowed, now_ms);
+            let (granted, leftover) = self.learn(item, lease_size, &result, allowed, pass.at_ms, now_ms);
+            pass.granted_leases.extend(granted);
+            pass.returns.extend(leftover);
             // With other checks, the shim charged none of them: admitting this one from
             // the lease would let them pass uncharged.
             if only_check && !result.allowed && !item.rule.shadow {
@@ -435,6 +469,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                 retry_after_ms: 0,
                 granted: cost,
                 lease_window_ms: 0,
+                lease_stamp: 0,
             };
             (Some(leased), true)
         })
@@ -443,8 +478,17 @@ impl<S: SlotStore> LocalLayer<'_, S> {
     }
 
     /// Records a refusal in the deny cache and a granted lease in the counter's slot, and
-    /// ends the acquisition when this check made one.
-    fn learn(&self, item: &PlannedCheck, lease_size: u64, result: &CheckResult, allowed: bool, now_ms: u64) {
+    /// ends the acquisition when this check made one. Returns the lease granted, and the
+    /// expired leftover of the one before it, to give back.
+    fn learn(
+        &self,
+        item: &PlannedCheck,
+        lease_size: u64,
+        result: &CheckResult,
+        allowed: bool,
+        asked_ms: u64,
+        now_ms: u64,
+    ) -> (Option<HeldLease>, Option<TokenReturn>) {
         let rule = &*item.rule;
         let cost = item.check.cost;
         let remember_denial =
@@ -454,31 +498,66 @@ impl<S: SlotStore> LocalLayer<'_, S> {
             .lease
             .filter(|_| allowed && acquiring && result.granted > cost);
         if !remember_denial && lease.is_none() && !acquiring {
-            return;
+            return (None, None);
         }
-        let _ = self.update(fingerprint(&item.check.key), |record| {
+        let fingerprint = fingerprint(&item.check.key);
+        let learned = self.update(fingerprint, |record| {
+            let mut learned = (None, None);
             if remember_denial {
                 record.deny_until_ms = now_ms + result.retry_after_ms;
                 record.deny_cost = cost;
                 record.deny_reset_at_ms = now_ms + result.reset_ms;
             }
             if let Some(lease) = lease {
+                let held = HeldLease {
+                    fingerprint,
+                    expires_ms: record.lease_expires_ms,
+                    counter: item.check.clone(),
+                };
                 if now_ms >= record.lease_expires_ms {
+                    if record.lease_tokens > 0 {
+                        learned.1 = Some(held.token_return(record.lease_tokens, record.lease_stamp));
+                    }
                     record.lease_tokens = 0;
                 }
                 record.lease_tokens += result.granted - cost;
-                // Never past the end of the window the tokens were charged to.
+                record.lease_stamp = result.lease_stamp;
+                // Never past the end of the window the tokens were charged to: counted from
+                // before the shim charged them, not from when its answer came.
                 let ttl_ms = match result.lease_window_ms {
                     0 => lease.ttl.as_ms(),
                     window_ms => lease.ttl.as_ms().min(window_ms),
                 };
-                record.lease_expires_ms = now_ms + ttl_ms;
+                record.lease_expires_ms = asked_ms.min(now_ms) + ttl_ms;
+                learned.0 = Some(HeldLease {
+                    expires_ms: record.lease_expires_ms,
+                    ..held
+                });
             }
             if acquiring && record.acquirer == self.worker {
                 record.acquiring_until_ms = 0;
             }
-            ((), true)
+            (learned, true)
         });
+        learned.unwrap_or((None, None))
+    }
+
+    /// Takes what is left of an expired lease, to give back to the shim; `None` when it
+    /// was spent, or a later lease replaced it.
+    pub fn take_leftover(&self, held: &HeldLease, now_ms: u64) -> Option<TokenReturn> {
+        self.update(held.fingerprint, |record| {
+            let leftover = record.lease_expires_ms == held.expires_ms
+                && now_ms >= record.lease_expires_ms
+                && record.lease_tokens > 0;
+            if !leftover {
+                return (None, false);
+            }
+            let back = held.token_return(record.lease_tokens, record.lease_stamp);
+            record.lease_tokens = 0;
+            (Some(back), true)
+        })
+        .ok()
+        .flatten()
     }
 
     /// Applies each pending rule's failure mode after the shim gave no answer.

@@ -11,7 +11,7 @@
 use super::bucket::Bucket;
 
 /// Encoded size of a slot.
-pub const RECORD_LEN: usize = 12 * 8;
+pub const RECORD_LEN: usize = 13 * 8;
 const MAX_ATTEMPTS: usize = 16;
 
 /// Access to the slot table.
@@ -43,6 +43,8 @@ pub struct SlotRecord {
     pub deny_reset_at_ms: u64,
     pub lease_tokens: u64,
     pub lease_expires_ms: u64,
+    /// Where the shim charged the lease's tokens, to give back what is left.
+    pub lease_stamp: i64,
     /// The worker whose lease acquisition for this counter is in flight, until
     /// `acquiring_until_ms`: one acquisition per counter per Envoy at a time.
     pub acquirer: u64,
@@ -62,6 +64,7 @@ impl SlotRecord {
             self.deny_reset_at_ms,
             self.lease_tokens,
             self.lease_expires_ms,
+            self.lease_stamp as u64,
             self.acquirer,
             self.acquiring_until_ms,
         ];
@@ -83,7 +86,7 @@ impl SlotRecord {
             le.copy_from_slice(chunk);
             *word = u64::from_le_bytes(le);
         }
-        let [fingerprint, tokens, updated_ms, fallback_tokens, fallback_updated_ms, deny_until_ms, deny_cost, deny_reset_at_ms, lease_tokens, lease_expires_ms, acquirer, acquiring_until_ms] =
+        let [fingerprint, tokens, updated_ms, fallback_tokens, fallback_updated_ms, deny_until_ms, deny_cost, deny_reset_at_ms, lease_tokens, lease_expires_ms, lease_stamp, acquirer, acquiring_until_ms] =
             words;
         SlotRecord {
             fingerprint,
@@ -100,6 +103,7 @@ impl SlotRecord {
             deny_reset_at_ms,
             lease_tokens,
             lease_expires_ms,
+            lease_stamp: lease_stamp as i64,
             acquirer,
             acquiring_until_ms,
         }

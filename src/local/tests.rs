@@ -93,6 +93,7 @@ fn shim_result(allowed: bool, granted: u64, retry_after_ms: u64) -> CheckResult 
         retry_after_ms,
         granted,
         lease_window_ms: 0,
+        lease_stamp: 0,
     }
 }
 
@@ -447,4 +448,55 @@ fn a_lease_never_outlives_the_window_it_was_charged_to() {
     );
     // The window ended at 1,200 ms, well before the rule's 1 s ttl.
     assert_eq!(local.before_shim(&planned, 1_200).checks, [ask(5)]);
+}
+
+#[test]
+fn what_an_expired_lease_leaves_goes_back_once() {
+    let config = config(LEASED_RULE, "");
+    let store = MapStore::with_slots(&config);
+    let local = layer(&config, &store);
+    let planned = plan(&config, &request("k"));
+    let mut acquiring = local.before_shim(&planned, 1_000);
+    let grant = CheckResult {
+        lease_stamp: 42,
+        ..shim_result(true, 5, 0)
+    };
+    local
+        .merge_answer(&planned, &mut acquiring, &[grant], 1_000)
+        .unwrap();
+    let [held] = &acquiring.granted_leases[..] else {
+        panic!("{:?}", acquiring.granted_leases)
+    };
+    assert_eq!(held.expires_ms, 2_000);
+    assert_eq!(
+        local.before_shim(&planned, 1_500).counts,
+        [count(Stat::LeaseHits)]
+    );
+    assert_eq!(local.take_leftover(held, 1_999), None, "not expired yet");
+    let back = local.take_leftover(held, 2_000).unwrap();
+    assert_eq!(
+        (back.key.as_str(), back.amount, back.stamp),
+        (planned[0].check.key.as_str(), 3, 42)
+    );
+    assert_eq!(local.take_leftover(held, 2_001), None, "given back once");
+}
+
+#[test]
+fn a_new_grant_gives_back_the_expired_leftover_it_replaces() {
+    let config = config(LEASED_RULE, "");
+    let store = MapStore::with_slots(&config);
+    let local = layer(&config, &store);
+    let planned = plan(&config, &request("k"));
+    let mut first = local.before_shim(&planned, 1_000);
+    local
+        .merge_answer(&planned, &mut first, &[shim_result(true, 5, 0)], 1_000)
+        .unwrap();
+    let old = first.granted_leases[0].clone();
+    let mut second = local.before_shim(&planned, 2_500);
+    local
+        .merge_answer(&planned, &mut second, &[shim_result(true, 5, 0)], 2_500)
+        .unwrap();
+    assert_eq!(second.returns.iter().map(|r| r.amount).collect::<Vec<_>>(), [4]);
+    // The leftover went back with the new grant: the old lease's expiry finds nothing.
+    assert_eq!(local.take_leftover(&old, 3_000), None);
 }

@@ -119,11 +119,33 @@ pub struct CheckResponse {
 }
 
 /// `POST /v1/check-batch` body: several requests' checks, each decided on its own (all or
-/// nothing within a request, independently across requests).
+/// nothing within a request, independently across requests), and leased tokens an Envoy
+/// gives back unspent, applied first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BatchCheckRequest {
     pub requests: Vec<CheckRequest>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub returns: Vec<TokenReturn>,
+}
+
+/// Leased tokens given back unspent: `amount` tokens to the counter `key`, charged where
+/// `stamp` says (the `lease_stamp` of the grant).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenReturn {
+    pub key: String,
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    pub limit: u64,
+    pub period_ms: u64,
+    pub amount: u64,
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub stamp: i64,
+}
+
+fn is_zero_i64(value: &i64) -> bool {
+    *value == 0
 }
 
 /// `POST /v1/check-batch` answer: one answer per request, in order.
@@ -160,6 +182,9 @@ pub struct CheckResult {
     /// into a window they were not charged to; 0: no bound but the rule's lease ttl.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub lease_window_ms: u64,
+    /// Where a lease's tokens were charged, to give back what is left unspent.
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub lease_stamp: i64,
 }
 
 /// Why a check request is refused before it reaches Redis.
@@ -177,10 +202,31 @@ impl std::error::Error for InvalidRequest {}
 impl BatchCheckRequest {
     /// Checks the batch's own bounds; each request is validated on its own.
     pub fn validate(&self) -> Result<(), InvalidRequest> {
-        if self.requests.is_empty() || self.requests.len() > MAX_BATCH {
-            return Err(InvalidRequest(format!(
-                "requests: must contain 1..={MAX_BATCH} requests"
-            )));
+        let fail = |msg: String| Err(InvalidRequest(msg));
+        if self.requests.len() > MAX_BATCH || (self.requests.is_empty() && self.returns.is_empty()) {
+            return fail(format!(
+                "requests: must contain 1..={MAX_BATCH} requests (or none, with returns)"
+            ));
+        }
+        if self.returns.len() > MAX_BATCH {
+            return fail(format!("returns: at most {MAX_BATCH}"));
+        }
+        for (i, back) in self.returns.iter().enumerate() {
+            if back.key.is_empty()
+                || back.key.len() > MAX_KEY_LEN
+                || !back.key.bytes().all(|b| b.is_ascii_graphic())
+            {
+                return fail(format!("returns[{i}].key: 1..={MAX_KEY_LEN} printable ASCII"));
+            }
+            if let Err(bounds) = Limit::for_algorithm(back.limit, back.algorithm) {
+                return fail(format!("returns[{i}].limit: {bounds}"));
+            }
+            if let Err(bounds) = Period::try_from(back.period_ms) {
+                return fail(format!("returns[{i}].period_ms: {bounds}"));
+            }
+            if back.amount == 0 || back.amount > back.limit {
+                return fail(format!("returns[{i}].amount: must be 1..=limit"));
+            }
         }
         Ok(())
     }
@@ -269,7 +315,10 @@ mod tests {
             r#"{"responses":[{"decided":{"allowed":true,"results":[]}},{"failed":"redis: down"}]}"#
         );
         assert_eq!(serde_json::from_str::<BatchCheckResponse>(&json).unwrap(), answer);
-        let empty = BatchCheckRequest { requests: vec![] };
+        let empty = BatchCheckRequest {
+            requests: vec![],
+            returns: vec![],
+        };
         assert!(empty.validate().unwrap_err().0.contains("requests"));
         let full = BatchCheckRequest {
             requests: vec![
@@ -278,8 +327,27 @@ mod tests {
                 };
                 MAX_BATCH + 1
             ],
+            returns: vec![],
         };
         assert!(full.validate().is_err());
+        let token_return = |amount| TokenReturn {
+            key: "r:{k}".into(),
+            algorithm: Algorithm::FixedWindow,
+            limit: 10,
+            period_ms: 1_000,
+            amount,
+            stamp: 1_000,
+        };
+        let returns_only = BatchCheckRequest {
+            requests: vec![],
+            returns: vec![token_return(3)],
+        };
+        assert_eq!(returns_only.validate(), Ok(()));
+        let too_much = BatchCheckRequest {
+            requests: vec![],
+            returns: vec![token_return(11)],
+        };
+        assert!(too_much.validate().unwrap_err().0.contains("returns[0].amount"));
     }
 
     #[test]
