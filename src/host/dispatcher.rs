@@ -14,12 +14,13 @@ use super::request_state::{PendingRequest, RequestState};
 use super::Worker;
 use crate::batch::{Batch, Batcher, Call};
 use crate::local::{Claim, HeldLease};
+use crate::request::{Start, Transition};
 use crate::shim_call::{batch_body, read_batch_answer, RequestAnswer, ShimFailure};
 use crate::wire::{Check, TokenReturn, CHECK_BATCH_PATH, MAX_BATCH, TOKEN_HEADER};
 use proxy_wasm::types::{Action, LogLevel, MapType};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::rc::Weak;
+use std::rc::{Rc, Weak};
 use std::time::Duration;
 
 /// A request waiting for the shim: where to apply the answer, and what to ask.
@@ -107,9 +108,47 @@ impl Dispatcher {
         }
     }
 
-    /// Parks a request until this worker's acquisition of the counter's lease ends.
-    pub fn await_lease(&self, waiter: LeaseWaiter) {
-        self.lease_waiters.borrow_mut().push(waiter);
+    /// Carries out where the local layer left a request: decided (applied now), or
+    /// queued for the shim or for this worker's lease acquisition. The caller runs in
+    /// the request's context.
+    pub fn proceed(
+        &self,
+        worker: &Worker,
+        request: &PendingRequest,
+        transition: Transition<Start>,
+    ) -> Action {
+        let Transition { next, events } = transition;
+        let deadline_ms = request.deadline_ms();
+        match next {
+            Start::Decided(outcome) => request.apply(
+                worker,
+                Transition {
+                    next: outcome,
+                    events,
+                },
+            ),
+            Start::AskShim { checks, claims } => {
+                worker.record(events);
+                let queued = QueuedRequest {
+                    context_id: request.context_id,
+                    state: Rc::downgrade(&request.state),
+                    checks,
+                    claims,
+                };
+                self.submit(queued, deadline_ms);
+                Action::Pause
+            }
+            Start::AwaitLease(fingerprint) => {
+                worker.record(events);
+                self.lease_waiters.borrow_mut().push(LeaseWaiter {
+                    fingerprint,
+                    context_id: request.context_id,
+                    state: Rc::downgrade(&request.state),
+                    deadline_ms,
+                });
+                Action::Pause
+            }
+        }
     }
 
     /// Runs again the requests waiting for these acquisitions (all of them when
@@ -136,7 +175,8 @@ impl Dispatcher {
                 context_id: waiter.context_id,
                 state,
             };
-            if let Action::Continue = request.run_local(worker, now) {
+            let transition = request.run_local(worker, now);
+            if let Action::Continue = self.proceed(worker, &request, transition) {
                 resume_http_request();
             }
         }
@@ -154,7 +194,7 @@ impl Dispatcher {
     }
 
     /// Queues a request for the shim and, when a call may start, wakes the root.
-    pub fn submit(&self, request: QueuedRequest, deadline_ms: u64) {
+    fn submit(&self, request: QueuedRequest, deadline_ms: u64) {
         let wake = self.batcher.borrow_mut().push(request, deadline_ms);
         if wake {
             if let Err(error) = enqueue_shared_queue(self.wake_queue, b"1") {

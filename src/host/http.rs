@@ -55,7 +55,8 @@ impl HttpContext for RateLimitRequest {
         if planned.is_empty() {
             return Action::Continue;
         }
-        self.request.start(&worker, planned, now_ms())
+        let transition = self.request.start(&worker, planned, now_ms());
+        worker.dispatcher.proceed(&worker, &self.request, transition)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {

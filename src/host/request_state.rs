@@ -1,9 +1,8 @@
 //! A request's decision while it waits (for the shim, or for this worker's lease
-//! acquisition), shared between its HTTP context and the dispatcher. Carrying out a step
-//! means recording its events, then applying its [`Outcome`] (a local reply, or headers
-//! kept for the response) or queueing the request where the step says.
+//! acquisition), shared between its HTTP context and the dispatcher. Applying an
+//! outcome means recording the step's events, then sending a local reply or keeping the
+//! headers for the response; where a request waits is the dispatcher's business.
 
-use super::dispatcher::{LeaseWaiter, QueuedRequest};
 use super::hostcalls::{log, send_http_response};
 use super::Worker;
 use crate::plan::PlannedCheck;
@@ -32,62 +31,31 @@ pub struct PendingRequest {
 
 impl PendingRequest {
     /// Starts deciding a request with a non-empty plan. The caller runs in its context.
-    pub fn start(&self, worker: &Worker, planned: Vec<PlannedCheck>, now: u64) -> Action {
+    pub fn start(&self, worker: &Worker, planned: Vec<PlannedCheck>, now: u64) -> Transition<Start> {
         let (decision, transition) = RequestDecision::start(&worker.local(true), planned, now);
-        {
-            let mut state = self.state.borrow_mut();
-            state.decision = decision;
-            state.deadline_ms = now.saturating_add(worker.config.shim.timeout_ms());
-        }
-        self.proceed(worker, transition)
+        let mut state = self.state.borrow_mut();
+        state.decision = decision;
+        state.deadline_ms = now.saturating_add(worker.config.shim.timeout_ms());
+        transition
     }
 
     /// Runs the local layer again after a lease acquisition ended; past its deadline the
     /// request no longer waits for one. The caller runs in the request's context.
-    pub fn run_local(&self, worker: &Worker, now: u64) -> Action {
-        let may_await = now < self.state.borrow().deadline_ms;
-        let transition = self
-            .state
+    pub fn run_local(&self, worker: &Worker, now: u64) -> Transition<Start> {
+        let may_await = now < self.deadline_ms();
+        self.state
             .borrow_mut()
             .decision
-            .run_local(&worker.local(may_await), now);
-        self.proceed(worker, transition)
+            .run_local(&worker.local(may_await), now)
     }
 
-    /// Carries out where the local layer left the request.
-    fn proceed(&self, worker: &Worker, transition: Transition<Start>) -> Action {
-        let Transition { next, events } = transition;
-        let deadline_ms = self.state.borrow().deadline_ms;
-        match next {
-            Start::Decided(outcome) => self.state.borrow_mut().apply(
-                worker,
-                Transition {
-                    next: outcome,
-                    events,
-                },
-            ),
-            Start::AskShim { checks, claims } => {
-                worker.record(events);
-                let queued = QueuedRequest {
-                    context_id: self.context_id,
-                    state: Rc::downgrade(&self.state),
-                    checks,
-                    claims,
-                };
-                worker.dispatcher.submit(queued, deadline_ms);
-                Action::Pause
-            }
-            Start::AwaitLease(fingerprint) => {
-                worker.record(events);
-                worker.dispatcher.await_lease(LeaseWaiter {
-                    fingerprint,
-                    context_id: self.context_id,
-                    state: Rc::downgrade(&self.state),
-                    deadline_ms,
-                });
-                Action::Pause
-            }
-        }
+    pub fn deadline_ms(&self) -> u64 {
+        self.state.borrow().deadline_ms
+    }
+
+    /// Records the step and applies its outcome.
+    pub fn apply(&self, worker: &Worker, transition: Transition<Outcome>) -> Action {
+        self.state.borrow_mut().apply(worker, transition)
     }
 }
 

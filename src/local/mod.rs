@@ -1,28 +1,32 @@
 //! The per-Envoy layer in front of the shim, kept in Envoy shared data so that every
 //! worker thread sees it: local token buckets, the deny cache and token leases.
 //!
-//! A [`LocalLayer`] is the configuration and the slot table ([`slots`]) together. For a
-//! planned request it runs, check by check, the deny cache, the local bucket
-//! ([`bucket`]) and the lease, and leaves each check decided here or for the shim
-//! ([`LocalPass`]). When the shim answers, it learns from the answer (leases granted,
+//! A [`LocalLayer`] is the configuration and the slot table (`slots`) together. For a
+//! planned request it runs, check by check (`step`), the lease, the deny cache and the
+//! local bucket (`bucket`), and leaves each check decided here or for the shim
+//! ([`LocalPass`]); `lease` holds the lease protocol. When the shim answers, it learns from the answer (leases granted,
 //! keys to deny until their retry time); when the shim cannot answer, it applies each
 //! rule's local fallback. Whatever it charged is given back when the request ends up
 //! refused. Pure over a [`SlotStore`]: the host layer implements it over shared data,
 //! tests over a map.
 
 mod bucket;
+mod lease;
 mod slots;
+mod step;
 #[cfg(test)]
 pub(crate) mod tests;
 
 pub use bucket::Bucket;
+pub use lease::{Claim, HeldLease};
 pub use slots::{create_slots, fingerprint, slot_of, SlotError, SlotRecord, SlotStore, RECORD_LEN};
 
 use crate::config::{FilterConfig, RuleFailureMode, Scope};
 use crate::plan::PlannedCheck;
 use crate::stats::{Count, Stat};
-use crate::wire::{Check, CheckResult, Rate, TokenReturn};
+use crate::wire::{CheckResult, Rate, TokenReturn};
 use slots::update;
+use step::LocalStep;
 
 /// The local layer of one filter instance on one worker: its configuration over its
 /// slot table.
@@ -71,29 +75,6 @@ pub struct LocalPass {
     charges: Vec<Charge>,
 }
 
-/// A lease this worker acquired for the Envoy, until `expires_ms`: what is left of it
-/// then goes back to the shim.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldLease {
-    pub fingerprint: u64,
-    pub expires_ms: u64,
-    /// The counter the tokens came from (its check, as sent).
-    pub counter: Check,
-}
-
-impl HeldLease {
-    fn token_return(&self, amount: u64, stamp: i64) -> TokenReturn {
-        TokenReturn {
-            key: self.counter.key.clone(),
-            algorithm: self.counter.algorithm,
-            limit: self.counter.limit,
-            period_ms: self.counter.period_ms,
-            amount,
-            stamp,
-        }
-    }
-}
-
 impl LocalPass {
     /// Whether some check waits for the shim.
     pub fn asks_shim(&self) -> bool {
@@ -126,34 +107,6 @@ impl Charge {
             ChargeKind::Lease => record.lease_tokens += self.cost,
         }
     }
-}
-
-/// What the local layer decided for one check, before its shared data is written back.
-enum LocalStep {
-    DenyCached(CheckResult),
-    /// The local bucket refused.
-    Refused(CheckResult),
-    /// A local rule's bucket admitted, charging this rate.
-    Decided(CheckResult, Rate),
-    /// Served from the Envoy's lease (after charging the local bucket, if any).
-    Leased(CheckResult, Option<Rate>),
-    /// For the shim, after charging the local bucket (if any), asking for a lease of
-    /// `lease` tokens (0: none) when the request holds the acquisition `claim`.
-    Shim {
-        bucket: Option<Rate>,
-        lease: u64,
-        claim: Option<Claim>,
-    },
-    /// This worker is acquiring the counter's lease: wait for it.
-    AwaitLease,
-}
-
-/// A lease acquisition this request holds for the Envoy: the counter, and the time its
-/// claim runs out (which also tells it from a later claim of the same worker).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claim {
-    pub fingerprint: u64,
-    pub until_ms: u64,
 }
 
 /// The shim's answer did not carry one result per check sent.
@@ -277,105 +230,6 @@ impl<S: SlotStore> LocalLayer<'_, S> {
         pass
     }
 
-    /// One check against its slot record: a lease this Envoy holds, then the deny
-    /// cache, then a lease acquisition this worker has in flight, then the local bucket.
-    /// Returns the step and whether the record changed.
-    fn step(&self, record: &mut SlotRecord, item: &PlannedCheck, now_ms: u64) -> (LocalStep, bool) {
-        let (rule, check) = (&*item.rule, &item.check);
-        let lease = rule.lease.filter(|_| rule.scope == Scope::Global);
-        let lease_usable =
-            lease.is_some() && record.lease_tokens >= check.cost && now_ms < record.lease_expires_ms;
-        // The deny cache never refuses what this Envoy's own lease can admit.
-        if !lease_usable {
-            if self.config.deny_cache
-                && !rule.shadow
-                && record.deny_until_ms > now_ms
-                && check.cost >= record.deny_cost
-            {
-                let refusal = CheckResult {
-                    allowed: false,
-                    limit: check.limit,
-                    remaining: 0,
-                    // The reset the shim's refusal reported, not the retry time.
-                    reset_ms: record.deny_reset_at_ms.max(record.deny_until_ms) - now_ms,
-                    retry_after_ms: record.deny_until_ms - now_ms,
-                    granted: 0,
-                    lease_window_ms: 0,
-                    lease_stamp: 0,
-                };
-                return (LocalStep::DenyCached(refusal), false);
-            }
-            if lease.is_some()
-                && self.may_await_lease
-                && record.acquiring_until_ms > now_ms
-                && record.acquirer == self.worker
-            {
-                return (LocalStep::AwaitLease, false);
-            }
-        }
-        let bucket = match rule.scope {
-            Scope::Local => Some(item.rate),
-            Scope::Global => rule.local,
-        };
-        if let Some(rate) = bucket {
-            let result = record.bucket.take(now_ms, rate, check.cost);
-            if !result.allowed {
-                return (LocalStep::Refused(result), true);
-            }
-            if rule.scope == Scope::Local {
-                return (LocalStep::Decided(result, rate), true);
-            }
-        }
-        if lease_usable {
-            record.lease_tokens -= check.cost;
-            let leased = CheckResult {
-                allowed: true,
-                limit: check.limit,
-                remaining: record.lease_tokens,
-                reset_ms: record.lease_expires_ms - now_ms,
-                retry_after_ms: 0,
-                granted: check.cost,
-                lease_window_ms: 0,
-                lease_stamp: 0,
-            };
-            return (LocalStep::Leased(leased, bucket), true);
-        }
-        // Acquire a lease for the Envoy, unless another worker is: then this request is
-        // checked exactly, and cannot make the Envoy hold a second lease.
-        let claim = match lease {
-            Some(_) if record.acquiring_until_ms <= now_ms => {
-                let until_ms = now_ms + self.config.shim.timeout_ms();
-                record.acquirer = self.worker;
-                record.acquiring_until_ms = until_ms;
-                Some(Claim {
-                    fingerprint: record.fingerprint,
-                    until_ms,
-                })
-            }
-            _ => None,
-        };
-        let step = LocalStep::Shim {
-            bucket,
-            lease: claim.and(lease).map_or(0, |lease| lease.size),
-            claim,
-        };
-        (step, bucket.is_some() || claim.is_some())
-    }
-
-    /// Ends lease acquisitions that will not be answered (the request was refused here,
-    /// waits for another, or went away): the next request may acquire.
-    pub fn release(&self, claims: &[Claim]) {
-        for claim in claims {
-            let _ = self.update(claim.fingerprint, |record| {
-                let ours = record.acquirer == self.worker && record.acquiring_until_ms == claim.until_ms;
-                if ours {
-                    record.acquiring_until_ms = 0;
-                }
-                ((), ours)
-            });
-        }
-    }
-
     fn give_back(&self, charges: &[Charge]) {
         for charge in charges {
             // Best effort: a lost refund only makes the local layer stricter.
@@ -450,114 +304,6 @@ impl<S: SlotStore> LocalLayer<'_, S> {
             self.give_back(&pass.charges);
         }
         Ok(())
-    }
-
-    /// Takes the check's cost from this Envoy's lease, if it holds enough.
-    fn spend_lease(&self, item: &PlannedCheck, now_ms: u64) -> Option<CheckResult> {
-        item.rule.lease?;
-        let cost = item.check.cost;
-        self.update(fingerprint(&item.check.key), |record| {
-            if record.lease_tokens < cost || now_ms >= record.lease_expires_ms {
-                return (None, false);
-            }
-            record.lease_tokens -= cost;
-            let leased = CheckResult {
-                allowed: true,
-                limit: item.check.limit,
-                remaining: record.lease_tokens,
-                reset_ms: record.lease_expires_ms - now_ms,
-                retry_after_ms: 0,
-                granted: cost,
-                lease_window_ms: 0,
-                lease_stamp: 0,
-            };
-            (Some(leased), true)
-        })
-        .ok()
-        .flatten()
-    }
-
-    /// Records a refusal in the deny cache and a granted lease in the counter's slot, and
-    /// ends the acquisition when this check made one. Returns the lease granted, and the
-    /// expired leftover of the one before it, to give back.
-    fn learn(
-        &self,
-        item: &PlannedCheck,
-        lease_size: u64,
-        result: &CheckResult,
-        allowed: bool,
-        asked_ms: u64,
-        now_ms: u64,
-    ) -> (Option<HeldLease>, Option<TokenReturn>) {
-        let rule = &*item.rule;
-        let cost = item.check.cost;
-        let remember_denial =
-            self.config.deny_cache && !rule.shadow && !result.allowed && result.retry_after_ms > 0;
-        let acquiring = lease_size > 0;
-        let lease = rule
-            .lease
-            .filter(|_| allowed && acquiring && result.granted > cost);
-        if !remember_denial && lease.is_none() && !acquiring {
-            return (None, None);
-        }
-        let fingerprint = fingerprint(&item.check.key);
-        let learned = self.update(fingerprint, |record| {
-            let mut learned = (None, None);
-            if remember_denial {
-                record.deny_until_ms = now_ms + result.retry_after_ms;
-                record.deny_cost = cost;
-                record.deny_reset_at_ms = now_ms + result.reset_ms;
-            }
-            if let Some(lease) = lease {
-                let held = HeldLease {
-                    fingerprint,
-                    expires_ms: record.lease_expires_ms,
-                    counter: item.check.clone(),
-                };
-                if now_ms >= record.lease_expires_ms {
-                    if record.lease_tokens > 0 {
-                        learned.1 = Some(held.token_return(record.lease_tokens, record.lease_stamp));
-                    }
-                    record.lease_tokens = 0;
-                }
-                record.lease_tokens += result.granted - cost;
-                record.lease_stamp = result.lease_stamp;
-                // Never past the end of the window the tokens were charged to: counted from
-                // before the shim charged them, not from when its answer came.
-                let ttl_ms = match result.lease_window_ms {
-                    0 => lease.ttl.as_ms(),
-                    window_ms => lease.ttl.as_ms().min(window_ms),
-                };
-                record.lease_expires_ms = asked_ms.min(now_ms) + ttl_ms;
-                learned.0 = Some(HeldLease {
-                    expires_ms: record.lease_expires_ms,
-                    ..held
-                });
-            }
-            if acquiring && record.acquirer == self.worker {
-                record.acquiring_until_ms = 0;
-            }
-            (learned, true)
-        });
-        learned.unwrap_or((None, None))
-    }
-
-    /// Takes what is left of an expired lease, to give back to the shim; `None` when it
-    /// was spent, or a later lease replaced it.
-    pub fn take_leftover(&self, held: &HeldLease, now_ms: u64) -> Option<TokenReturn> {
-        self.update(held.fingerprint, |record| {
-            let leftover = record.lease_expires_ms == held.expires_ms
-                && now_ms >= record.lease_expires_ms
-                && record.lease_tokens > 0;
-            if !leftover {
-                return (None, false);
-            }
-            let back = held.token_return(record.lease_tokens, record.lease_stamp);
-            record.lease_tokens = 0;
-            (Some(back), true)
-        })
-        .ok()
-        .flatten()
     }
 
     /// Applies each pending rule's failure mode after the shim gave no answer.
