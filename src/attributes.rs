@@ -21,6 +21,45 @@ pub trait RequestAttributes {
     }
 }
 
+/// A header value as text. HTTP allows any byte above 0x7f in a value, so it need not be
+/// UTF-8; such a value becomes U+FFFD and the hex of its bytes, so that two different
+/// values never share a counter (lossy decoding made them all one client).
+pub fn header_text(bytes: Vec<u8>) -> String {
+    match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(invalid) => {
+            let hex: String = invalid.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+            format!("\u{FFFD}{hex}")
+        }
+    }
+}
+
+/// A JWT claim's value as text, whatever its JSON type. Envoy hands the filter a string
+/// claim as its bytes and a number as the 8 bytes of an IEEE double; anything else (a
+/// boolean, an object...) arrives in some other binary form. Text stays text; a double
+/// becomes its canonical text (`12345`, `1.5`); other bytes become hex. So every value
+/// keys its own counter, and no claim type can switch a rule off (a rule used to skip
+/// every claim whose bytes were not UTF-8: most integers).
+pub fn claim_text(bytes: &[u8]) -> String {
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        if !text.chars().any(char::is_control) {
+            return text.to_string();
+        }
+    }
+    if let Ok(double) = <[u8; 8]>::try_from(bytes) {
+        let number = f64::from_le_bytes(double);
+        // Integers print without a fraction, as JSON wrote them.
+        if number.fract() == 0.0 && number.abs() < 9_007_199_254_740_992.0 {
+            return format!("{}", number as i64);
+        }
+        if number.is_finite() {
+            return format!("{number}");
+        }
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("0x{hex}")
+}
+
 /// Whether `name` is a valid (configurable) HTTP header name.
 pub fn is_header_name(name: &str) -> bool {
     !name.is_empty()
@@ -28,6 +67,41 @@ pub fn is_header_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{claim_text, header_text};
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    // Regression: a rule keyed on a numeric claim did not apply to most integers.
+    #[test]
+    fn every_claim_type_has_a_distinct_text() {
+        assert_eq!(claim_text(b"alice"), "alice");
+        for (number, text) in [
+            (1.0, "1"),
+            (1000.0, "1000"),
+            (12345.0, "12345"),
+            (2147483648.0, "2147483648"),
+            (-7.0, "-7"),
+            (1.5, "1.5"),
+        ] {
+            assert_eq!(claim_text(&f64::to_le_bytes(number)), text);
+        }
+        // 7.0's bytes happen to be valid UTF-8, with control characters: still a number.
+        assert_eq!(claim_text(&7.0f64.to_le_bytes()), "7");
+        assert_eq!(claim_text(&[1]), "0x01");
+        assert_ne!(claim_text(&[0xff, 0x00]), claim_text(&[0xfe, 0x00]));
+    }
+
+    // Regression: every header value that was not UTF-8 decoded to the same text.
+    #[test]
+    fn header_values_that_are_not_utf8_stay_distinct() {
+        assert_eq!(header_text(b"plain".to_vec()), "plain");
+        assert_ne!(header_text(vec![0xff, 0x01]), header_text(vec![0xfe, 0x01]));
+        assert_eq!(header_text(vec![0xff, 0x01]), "\u{FFFD}ff01");
+    }
 }
 
 #[cfg(test)]

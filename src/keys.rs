@@ -3,14 +3,15 @@
 //!
 //! Keys are unambiguous and carry no client data in the clear: each part is written with
 //! its kind and length before its bytes, the whole is hashed with SHA-256, and the key is
-//! `<rule name>:{<first 96 bits of the hash, hex>}`: no collision in practice for
-//! billions of clients per rule, and 8 bytes less per Redis key than 128 bits. Rule
-//! names cannot contain `:`, so two different rule/part combinations never share a
-//! counter, and an API key never reaches Redis. The hash is a Redis Cluster hash tag: the
-//! rules of one request that key on the same parts (per user per minute and per user per
-//! day, say) land in one slot and are checked in one atomic script.
+//! `<rule name>/<algorithm><period>:{<first 96 bits of the hash, hex>}`: no collision
+//! in practice for billions of clients per rule, and 8 bytes less per Redis key than 128
+//! bits. Rule names cannot contain `/` or `:`, so two different rule/part combinations
+//! never share a counter, and an API key never reaches Redis. The hash is a Redis Cluster
+//! hash tag: the rules of one request that key on the same parts (per user per minute
+//! and per user per day, say) land in one slot and are checked in one atomic script.
 
 use crate::attributes::{is_header_name, RequestAttributes};
+use crate::wire::Algorithm;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::net::{IpAddr, SocketAddr};
@@ -102,10 +103,25 @@ pub fn part_value(
     (!value.is_empty()).then_some(value)
 }
 
-/// The counter key of the rule named `rule_name`, keyed on `parts`, for this request;
-/// `None` when the request lacks one of the parts (the rule then does not apply to it).
+/// The name of a rule's counters for one algorithm and period: `<rule>/<algorithm><period
+/// ms>`. A counter's state means something only to its algorithm and period, so a config
+/// change of either starts new counters instead of misreading the old ones (a script
+/// finding another algorithm's key failed every request with WRONGTYPE until it expired).
+pub fn counter_name(rule_name: &str, algorithm: Algorithm, period_ms: u64) -> String {
+    let tag = match algorithm {
+        Algorithm::TokenBucket => "tb",
+        Algorithm::FixedWindow => "fw",
+        Algorithm::SlidingWindowLog => "swl",
+        Algorithm::SlidingWindowCounter => "swc",
+    };
+    format!("{rule_name}/{tag}{period_ms}")
+}
+
+/// The counter key named `counter` (see [`counter_name`]), keyed on `parts`, for this
+/// request; `None` when the request lacks one of the parts (the rule then does not apply
+/// to it).
 pub fn counter_key(
-    rule_name: &str,
+    counter: &str,
     parts: &[KeyPart],
     request: &impl RequestAttributes,
     xff_num_trusted_hops: u32,
@@ -118,8 +134,8 @@ pub fn counter_key(
         hasher.update(value.as_bytes());
     }
     let digest = hasher.finalize();
-    let mut key = String::with_capacity(rule_name.len() + 2 * KEY_HASH_BYTES + 3);
-    key.push_str(rule_name);
+    let mut key = String::with_capacity(counter.len() + 2 * KEY_HASH_BYTES + 3);
+    key.push_str(counter);
     key.push_str(":{");
     let hex = |nibble: u8| char::from_digit(u32::from(nibble), 16).unwrap_or('0');
     for byte in digest.iter().take(KEY_HASH_BYTES) {
@@ -320,5 +336,19 @@ mod tests {
         // A hostile header costs N steps and still yields the trusted entry.
         let hostile = format!("{}203.0.113.5", "6.6.6.6,".repeat(100_000));
         assert_eq!(client_ip(&via(&hostile), 1), ip("203.0.113.5"));
+    }
+
+    #[test]
+    fn each_algorithm_and_period_has_its_own_counters() {
+        let names = [
+            counter_name("r", Algorithm::TokenBucket, 60_000),
+            counter_name("r", Algorithm::FixedWindow, 60_000),
+            counter_name("r", Algorithm::SlidingWindowLog, 60_000),
+            counter_name("r", Algorithm::SlidingWindowCounter, 60_000),
+            counter_name("r", Algorithm::TokenBucket, 1_000),
+        ];
+        let distinct: std::collections::HashSet<&String> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
+        assert_eq!(names[0], "r/tb60000");
     }
 }

@@ -28,8 +28,11 @@ pub fn plan(config: &FilterConfig, request: &impl RequestAttributes) -> Vec<Plan
         .enumerate()
         .filter(|(_, rule)| rule.matcher.matches(request))
         .filter_map(|(rule_index, rule)| {
-            let key = counter_key(&rule.name, &rule.key, request, hops)?;
-            let rate = tier_for(rule, request, hops).map_or(rule.rate, |tier| tier.rate);
+            let (rate, counter) = match tier_for(rule, request, hops) {
+                Some(tier) => (tier.rate, &tier.counter),
+                None => (rule.rate, &rule.counter),
+            };
+            let key = counter_key(counter, &rule.key, request, hops)?;
             let cost = rule
                 .costs
                 .iter()

@@ -458,7 +458,7 @@ fn istio_shape_runs_every_rule_through_the_shim() {
     assert_eq!(login.status, 200, "{login:?}");
     let keys = redis.cli(&["--scan", "--pattern", "*"]);
     for rule in wasm_plugin()["spec"]["pluginConfig"]["rules"].as_array().unwrap() {
-        let prefix = format!("rl:{}:", rule["name"].as_str().unwrap());
+        let prefix = format!("rl:{}/", rule["name"].as_str().unwrap());
         assert!(
             keys.lines().any(|k| k.starts_with(&prefix)),
             "no {prefix} key in {keys}"

@@ -91,7 +91,7 @@ fn counter_key_in_redis_has_a_ttl_and_no_raw_api_key() {
     let keys = stack.redis.cli(&["--scan", "--pattern", "*"]);
     let keys: Vec<&str> = keys.lines().collect();
     assert_eq!(keys.len(), 1, "{keys:?}");
-    assert!(keys[0].starts_with("rl:per-api-key:"), "{}", keys[0]);
+    assert!(keys[0].starts_with("rl:per-api-key/"), "{}", keys[0]);
     assert!(
         !keys[0].contains("secret"),
         "raw API key in Redis key {}",
@@ -188,6 +188,36 @@ fn envoy_refuses_bad_plugin_configs_naming_the_field() {
         (
             top(json!({ "response": { "headers": "fancy" } })),
             "response.headers",
+        ),
+        // Each of these used to pass validation and then misbehave (#15).
+        (
+            json!(format!("{} trailing", top(json!({})))),
+            "config: not one JSON document",
+        ),
+        (
+            json!([
+                "ratelimit_shim",
+                null,
+                null,
+                null,
+                4,
+                "open",
+                0,
+                null,
+                {},
+                null,
+                true,
+                []
+            ]),
+            "config: must be a JSON object",
+        ),
+        (top(json!({ "shim_authority": "" })), "shim_authority"),
+        (top(json!({ "shim_authority": "shim\u{0}" })), "shim_authority"),
+        (
+            top(
+                json!({ "response": { "body": "slow down", "content_type": "text/plain\r\nx-injected: 1" } }),
+            ),
+            "response.content_type",
         ),
     ];
     for (config, expected) in cases {
@@ -424,4 +454,24 @@ fn requests_queued_behind_a_call_that_never_returns_fail_within_their_timeout() 
         .body
     );
     assert_eq!(paused_requests(&envoy), 0);
+}
+
+// Regression: header values that are not UTF-8 were decoded lossily, so every such API
+// key shared one counter: one client could exhaust another's.
+#[test]
+fn api_keys_that_are_not_utf8_each_have_their_own_counter() {
+    let stack = Stack::start(&json!({
+        "shim_cluster": "ratelimit_shim", "timeout": "5s", "failure_mode": "closed",
+        "rules": [{ "name": "per-key", "key": [{ "header": "x-api-key" }], "limit": 2, "period": "1m" }]
+    }));
+    let request = |key: &[u8]| {
+        let mut bytes = b"GET / HTTP/1.1\r\nhost: x\r\nx-api-key: ".to_vec();
+        bytes.extend_from_slice(key);
+        bytes.extend_from_slice(b"\r\nconnection: close\r\n\r\n");
+        let answer = raw_exchange(stack.envoy.port, &bytes);
+        answer.get(9..12).unwrap_or_default().to_string()
+    };
+    let first: Vec<String> = (0..3).map(|_| request(b"\xff\x80abc")).collect();
+    assert_eq!(first, ["200", "200", "429"]);
+    assert_eq!(request(b"\xfe\x80abc"), "200", "another key, another counter");
 }

@@ -172,7 +172,7 @@ fn a_shadow_rule_never_refuses_but_its_counter_moves() {
         );
         assert!(!reply.header("ratelimit-policy").unwrap().contains("trial"));
     }
-    let keys = stack.redis.cli(&["--scan", "--pattern", "rl:trial:*"]);
+    let keys = stack.redis.cli(&["--scan", "--pattern", "rl:trial/*"]);
     assert_eq!(keys.lines().count(), 1, "the shadow counter was never written");
     wait_until("shadow refusal logged", Duration::from_secs(5), || {
         stack
@@ -357,4 +357,73 @@ fn a_verified_jwt_claim_keys_the_counter_and_selects_the_tier() {
         (anonymous.status, anonymous.header("x-ratelimit-limit")),
         (200, None)
     );
+}
+
+// Regression: Envoy hands a number claim to the filter as the 8 bytes of a double; when
+// those were not UTF-8 (most integers) the rule did not apply: 6 of 6 admitted, limit 5.
+#[test]
+fn a_claim_keys_its_rule_whatever_its_json_type() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &[]);
+    let envoy = Envoy::start_with_filters(
+        shim.port,
+        &config(json!([{ "name": "per-uid", "key": [{ "jwt_claim": "uid" }], "limit": 2, "period": "1m" }])),
+        &[jwt::filter()],
+    );
+    let url = envoy.url("/");
+    let values = [
+        json!(1),
+        json!(1000),
+        json!(12345),
+        json!(99999),
+        json!(2147483648u64),
+        json!(7),
+        json!(-3),
+        json!(1.5),
+        json!(true),
+        json!("alice"),
+        json!({ "a": 1 }),
+        json!([1, 2]),
+    ];
+    for uid in values {
+        let token = format!(
+            "Bearer {}",
+            jwt::token(&json!({ "iss": "test-issuer", "uid": uid }), jwt::SECRET)
+        );
+        let statuses: Vec<u16> = (0..3)
+            .map(|_| get(&url, &[("authorization", token.as_str())]).status)
+            .collect();
+        assert_eq!(statuses, [200, 200, 429], "uid {uid}");
+    }
+}
+
+// Regression: a rule whose algorithm changed kept its counter keys; the new script found
+// a key of the old type (WRONGTYPE) and every request failed, open or closed, until the
+// old keys expired.
+#[test]
+fn changing_a_rules_algorithm_or_period_decides_correctly_from_the_first_request() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &[]);
+    let rule = |algorithm: &str, period: &str| {
+        config(
+            json!([{ "name": "per-key", "algorithm": algorithm, "key": [{ "header": "x-api-key" }],
+                        "limit": 3, "period": period }]),
+        )
+    };
+    let statuses = |envoy: &Envoy| -> Vec<u16> {
+        (0..4)
+            .map(|_| get(&envoy.url("/"), &[("x-api-key", "k")]).status)
+            .collect()
+    };
+    // The same rule, reconfigured in turn, against the same Redis.
+    for (algorithm, period) in [
+        ("token_bucket", "1h"),
+        ("fixed_window", "1h"),
+        ("sliding_window_log", "1h"),
+        ("sliding_window_counter", "1h"),
+        ("sliding_window_counter", "2h"),
+    ] {
+        let envoy = Envoy::start(shim.port, &rule(algorithm, period));
+        assert_eq!(statuses(&envoy), [200, 200, 200, 429], "{algorithm} per {period}");
+    }
 }

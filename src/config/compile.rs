@@ -35,6 +35,18 @@ impl RawResponse {
                 "must be an error status, 400..=599",
             ));
         }
+        if let Some(content_type) = &self.content_type {
+            // It becomes a header of every refusal: no line break may smuggle another.
+            let header_value = content_type
+                .bytes()
+                .all(|b| b == b' ' || b == b'\t' || b.is_ascii_graphic());
+            if content_type.trim().is_empty() || !header_value {
+                return Err(ConfigError::new(
+                    "response.content_type",
+                    "must be a header value: printable ASCII, no line breaks",
+                ));
+            }
+        }
         let body = match (self.body, self.content_type) {
             (Some(template), content_type) => Some(CustomBody {
                 content_type: content_type.unwrap_or_else(|| "text/plain".into()),
@@ -66,8 +78,19 @@ impl RawResponse {
 
 impl RawConfig {
     pub(super) fn compile(self) -> Result<FilterConfig, ConfigError> {
-        if self.shim_cluster.trim().is_empty() {
-            return Err(ConfigError::new("shim_cluster", "must not be empty"));
+        if self.shim_cluster.trim().is_empty() || self.shim_cluster.chars().any(char::is_control) {
+            return Err(ConfigError::new(
+                "shim_cluster",
+                "must be a cluster name: not empty, no control characters",
+            ));
+        }
+        if let Some(authority) = &self.shim_authority {
+            if authority.is_empty() || !authority.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(ConfigError::new(
+                    "shim_authority",
+                    "must be a host[:port]: non-empty printable ASCII without spaces",
+                ));
+            }
         }
         let timeout = match &self.timeout {
             None => DEFAULT_TIMEOUT,

@@ -47,8 +47,22 @@ impl std::error::Error for ConfigError {}
 impl FilterConfig {
     /// Parses and validates the plugin configuration.
     pub fn from_json(bytes: &[u8]) -> Result<FilterConfig, ConfigError> {
-        let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-        let raw: raw::RawConfig = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+        // serde reads a struct from an array too (fields by position): only objects are
+        // configurations, and rules.
+        let value: serde_json::Value = serde_json::from_slice(bytes)
+            .map_err(|e| ConfigError::new("config", format!("not one JSON document: {e}")))?;
+        if !value.is_object() {
+            return Err(ConfigError::new("config", "must be a JSON object"));
+        }
+        if let Some(rules) = value.get("rules").and_then(|rules| rules.as_array()) {
+            if let Some(index) = rules.iter().position(|rule| !rule.is_object()) {
+                return Err(ConfigError::new(
+                    format!("rules[{index}]"),
+                    "must be a JSON object",
+                ));
+            }
+        }
+        let raw: raw::RawConfig = serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
             let field = if path == "." { "config".to_string() } else { path };
             ConfigError::new(field, e.into_inner().to_string())

@@ -106,6 +106,8 @@ pub struct Rule {
     pub algorithm: Algorithm,
     /// The limit for clients no tier selects.
     pub rate: Rate,
+    /// The name of its counters at that rate ([`counter_name`](crate::keys::counter_name)).
+    pub counter: String,
     /// Client-dependent limits; the first tier whose condition holds wins.
     pub tiers: Vec<Tier>,
     pub cost: u64,
@@ -157,6 +159,8 @@ pub struct Tier {
     pub name: String,
     pub when: TierCondition,
     pub rate: Rate,
+    /// The name of the rule's counters at this tier's rate.
+    pub counter: String,
 }
 
 /// Selects a tier from a header or a verified JWT claim.
@@ -192,6 +196,7 @@ impl Rule {
                 limit: crate::wire::Limit::try_from(5u64).unwrap(),
                 period: Period::try_from(60_000u64).unwrap(),
             },
+            counter: crate::keys::counter_name(name, Algorithm::TokenBucket, 60_000),
             tiers: vec![],
             cost: 1,
             costs: vec![],

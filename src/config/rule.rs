@@ -7,7 +7,7 @@ use super::model::{
 };
 use super::raw::{RawCost, RawLease, RawLocalLimit, RawRule, RawRuleFailureMode, RawTier};
 use super::{parse_duration, ConfigError};
-use crate::keys::KeyPart;
+use crate::keys::{counter_name, KeyPart};
 use crate::matching::{RawMatch, RequestMatch};
 use crate::wire::{Algorithm, Limit, Period, Rate};
 
@@ -196,7 +196,7 @@ impl RawRule {
             .enumerate()
             .map(|(i, raw)| {
                 let at = format!("{at}.tiers[{i}]");
-                let tier = raw.compile(&at, self.algorithm, rate.period)?;
+                let tier = raw.compile(&at, &self.name, self.algorithm, rate.period)?;
                 check_whole_seconds(format!("{at}.period"), tier.rate.period, whole_seconds)?;
                 Ok(tier)
             })
@@ -232,6 +232,7 @@ impl RawRule {
             largest_cost,
         )?;
         Ok(Rule {
+            counter: counter_name(&self.name, self.algorithm, rate.period_ms()),
             name: self.name,
             key,
             matcher,
@@ -250,7 +251,13 @@ impl RawRule {
 }
 
 impl RawTier {
-    fn compile(self, at: &str, algorithm: Algorithm, rule_period: Period) -> Result<Tier, ConfigError> {
+    fn compile(
+        self,
+        at: &str,
+        rule_name: &str,
+        algorithm: Algorithm,
+        rule_period: Period,
+    ) -> Result<Tier, ConfigError> {
         check_name(format!("{at}.name"), &self.name)?;
         let when = self.when;
         let source = match (when.header, when.jwt_claim) {
@@ -295,6 +302,7 @@ impl RawTier {
         Ok(Tier {
             name: self.name,
             when: TierCondition { source, test },
+            counter: counter_name(rule_name, algorithm, period.as_ms()),
             rate: Rate {
                 limit: compile_limit(format!("{at}.limit"), self.limit, algorithm)?,
                 period,

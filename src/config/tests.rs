@@ -226,3 +226,44 @@ fn parses_durations() {
         assert!(parse_duration(bad).is_err(), "{bad}");
     }
 }
+
+// Regression: each of these was accepted, and then disabled limiting or injected a header.
+#[test]
+fn refuses_what_would_pass_validation_and_then_misbehave() {
+    let valid_rule = r#"{"name": "r", "key": ["client_ip"], "limit": 1, "period": "1s"}"#;
+    let cases = [
+        (
+            format!(r#"{{"shim_cluster": "c", "rules": [{valid_rule}]}} trailing"#),
+            "config",
+        ),
+        (
+            format!(r#"["c", null, null, null, 4, "open", 0, null, {{}}, null, true, [{valid_rule}]]"#),
+            "config",
+        ),
+        (
+            r#"{"shim_cluster": "c", "rules": [["r", ["client_ip"]]]}"#.to_string(),
+            "rules[0]",
+        ),
+        (
+            format!(r#"{{"shim_cluster": "c", "shim_authority": "", "rules": [{valid_rule}]}}"#),
+            "shim_authority",
+        ),
+        (
+            format!(r#"{{"shim_cluster": "c", "shim_authority": "shim\u0000", "rules": [{valid_rule}]}}"#),
+            "shim_authority",
+        ),
+        (
+            format!(r#"{{"shim_cluster": "c\n", "rules": [{valid_rule}]}}"#),
+            "shim_cluster",
+        ),
+        (
+            format!(
+                r#"{{"shim_cluster": "c", "response": {{"body": "no", "content_type": "text/plain\r\nx-injected: 1"}}, "rules": [{valid_rule}]}}"#
+            ),
+            "response.content_type",
+        ),
+    ];
+    for (json, field) in cases {
+        assert_eq!(error_for(&json).field, field, "{json}");
+    }
+}

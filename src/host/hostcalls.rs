@@ -2,6 +2,7 @@
 //! the SDK trait defaults that `unwrap()` (a panic would kill the VM for every request
 //! on this worker). Nothing else in the crate imports `proxy_wasm::hostcalls`.
 
+use crate::attributes::header_text;
 use crate::local::{SlotError, SlotStore};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType, Status};
@@ -41,11 +42,10 @@ pub fn plugin_configuration() -> Vec<u8> {
 }
 
 /// A header's value. Read as bytes: the SDK's `get_map_value` panics on a value that is
-/// not UTF-8, which any client can send. Invalid bytes become U+FFFD, so garbage values
-/// share counters rather than escape them.
+/// not UTF-8, which any client can send ([`header_text`] keeps such values distinct).
 pub fn header(map: MapType, name: &str) -> Option<String> {
     let bytes = hostcalls::get_map_value_bytes(map, name).ok().flatten()?;
-    Some(String::from_utf8_lossy(&bytes).into_owned())
+    Some(header_text(bytes))
 }
 
 pub fn add_response_header(name: &str, value: &str) -> Result<(), HostError> {
@@ -54,8 +54,12 @@ pub fn add_response_header(name: &str, value: &str) -> Result<(), HostError> {
 
 /// A property as text; `None` when absent or not UTF-8.
 pub fn property_text(path: Vec<&str>) -> Option<String> {
-    let bytes = hostcalls::get_property(path).ok().flatten()?;
-    String::from_utf8(bytes).ok()
+    String::from_utf8(property_bytes(path)?).ok()
+}
+
+/// A property's bytes; `None` when absent.
+pub fn property_bytes(path: Vec<&str>) -> Option<Vec<u8>> {
+    hostcalls::get_property(path).ok().flatten()
 }
 
 /// The body of the answer to an HTTP call, in the call's response callback.

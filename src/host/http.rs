@@ -2,10 +2,10 @@
 //! its checks and starts deciding it ([`PendingRequest`]); adds the rate-limit headers
 //! to the response.
 
-use super::hostcalls::{self, add_response_header, now_ms, property_text};
+use super::hostcalls::{self, add_response_header, now_ms, property_bytes, property_text};
 use super::request_state::PendingRequest;
 use super::Worker;
-use crate::attributes::RequestAttributes;
+use crate::attributes::{claim_text, RequestAttributes};
 use crate::plan::plan;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
@@ -33,13 +33,14 @@ impl RequestAttributes for HostRequest<'_> {
     /// Only what `jwt_authn` verified and wrote to dynamic metadata; the Authorization
     /// header itself is never read.
     fn jwt_claim(&self, name: &str) -> Option<String> {
-        property_text(vec![
+        property_bytes(vec![
             "metadata",
             "filter_metadata",
             "envoy.filters.http.jwt_authn",
             self.jwt_payload_in_metadata,
             name,
         ])
+        .map(|bytes| claim_text(&bytes))
     }
 }
 

@@ -167,7 +167,13 @@ pub fn envoy_config_with_filters(shim_port: u16, plugin_config: &Value, filters_
     })
 }
 
+/// Our filter with `plugin_config` as its configuration; a JSON string is passed as the
+/// raw configuration text (to try text that is not one JSON object).
 pub fn wasm_filter(plugin_config: &Value) -> Value {
+    let text = match plugin_config {
+        Value::String(raw) => raw.clone(),
+        config => config.to_string(),
+    };
     json!({
         "name": "envoy.filters.http.wasm",
         "typed_config": {
@@ -181,7 +187,7 @@ pub fn wasm_filter(plugin_config: &Value) -> Value {
                 },
                 "configuration": {
                     "@type": "type.googleapis.com/google.protobuf.StringValue",
-                    "value": plugin_config.to_string()
+                    "value": text
                 }
             }
         }
