@@ -475,3 +475,21 @@ fn api_keys_that_are_not_utf8_each_have_their_own_counter() {
     assert_eq!(first, ["200", "200", "429"]);
     assert_eq!(request(b"\xfe\x80abc"), "200", "another key, another counter");
 }
+
+// Regression: a shim_cluster Envoy does not define passed validation and then failed every
+// request by its failure mode, with nothing but a warning per request to say why.
+#[test]
+fn an_unknown_shim_cluster_is_said_once_loudly_and_counted() {
+    let envoy = Envoy::start(
+        refusing_port(),
+        &json!({ "shim_cluster": "no_such_cluster", "timeout": "5s", "failure_mode": "closed",
+                 "rules": [{ "name": "r", "key": ["client_ip"], "limit": 5, "period": "1m" }] }),
+    );
+    let statuses: Vec<u16> = (0..3).map(|_| get(&envoy.url("/"), &[]).status).collect();
+    assert_eq!(statuses, [503, 503, 503], "failing closed");
+    assert_eq!(envoy.stat("wasmcustom.ratelimit.r.shim_errors"), 3);
+    let log = envoy.process.log_text();
+    let said = log.matches("calls to the shim fail: no cluster named \"no_such_cluster\"").count();
+    // Once per worker that saw a request.
+    assert!((1..=2).contains(&said), "said {said} times:\n{log}");
+}

@@ -8,7 +8,8 @@
 //! request. A request wakes the root through a shared queue when a call may start.
 
 use super::hostcalls::{
-    self, dispatch_http_call, enqueue_shared_queue, http_call_response_body, log, now_ms, RequestContexts,
+    self, dispatch_http_call, enqueue_shared_queue, http_call_response_body, log, now_ms, HostError,
+    RequestContexts,
 };
 use super::request_state::{PendingRequest, RequestState};
 use super::Worker;
@@ -17,8 +18,8 @@ use crate::local::{Claim, HeldLease};
 use crate::request::{Start, Transition};
 use crate::shim_call::{batch_body, read_batch_answer, RequestAnswer, ShimFailure};
 use crate::wire::{Check, TokenReturn, CHECK_BATCH_PATH, MAX_BATCH, TOKEN_HEADER};
-use proxy_wasm::types::{Action, LogLevel, MapType};
-use std::cell::RefCell;
+use proxy_wasm::types::{Action, LogLevel, MapType, Status};
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 use std::time::Duration;
@@ -53,6 +54,7 @@ pub struct Dispatcher {
     held_leases: RefCell<HashMap<u64, HeldLease>>,
     /// Unspent leased tokens to give back with the next call.
     returns: RefCell<Vec<TokenReturn>>,
+    call_refused_logged: Cell<bool>,
 }
 
 impl Dispatcher {
@@ -64,6 +66,7 @@ impl Dispatcher {
             lease_waiters: RefCell::new(Vec::new()),
             held_leases: RefCell::new(HashMap::new()),
             returns: RefCell::new(Vec::new()),
+            call_refused_logged: Cell::new(false),
         }
     }
 
@@ -297,9 +300,8 @@ impl Dispatcher {
             if let Some(token) = &shim.token {
                 headers.push((TOKEN_HEADER, token.as_str()));
             }
-            dispatch_http_call(&shim.cluster, headers, &body, Duration::from_millis(timeout_ms)).map_err(
-                |error| ShimFailure::Unreachable(format!("cannot call cluster {}: {error}", shim.cluster)),
-            )
+            dispatch_http_call(&shim.cluster, headers, &body, Duration::from_millis(timeout_ms))
+                .map_err(|error| self.call_refused(&shim.cluster, error))
         });
         match sent {
             Ok(token) => {
@@ -322,6 +324,20 @@ impl Dispatcher {
                 self.after_acquisitions(worker, &requests, now);
             }
         }
+    }
+
+    /// Envoy refused to start a call. Refusing every call is a configuration mistake (a
+    /// `shim_cluster` this Envoy does not define): said once, loudly, at error level; each
+    /// failed request is still counted in `shim_errors`.
+    fn call_refused(&self, cluster: &str, error: HostError) -> ShimFailure {
+        let reason = match error.0 {
+            Status::BadArgument => format!("no cluster named {cluster:?} in this Envoy (shim_cluster)"),
+            _ => format!("cannot call cluster {cluster:?}: {error}"),
+        };
+        if !self.call_refused_logged.replace(true) {
+            log(LogLevel::Error, &format!("calls to the shim fail: {reason}"));
+        }
+        ShimFailure::Unreachable(reason)
     }
 
     /// The answer to the call with this token (or its failure) arrived.
