@@ -34,6 +34,21 @@ pub fn header_text(bytes: Vec<u8>) -> String {
     }
 }
 
+/// A request header's value from the request's header pairs. A header sent several times
+/// is one value: its values joined with `,` in order, as HTTP defines for list headers
+/// (a client could otherwise rotate a first `x-api-key` and keep a second one fixed, or
+/// the other way round, and be keyed on whichever the reader happened to take).
+pub fn combined_header(pairs: &[(String, Vec<u8>)], name: &str) -> Option<String> {
+    let mut values = pairs.iter().filter(|(n, _)| n == name).map(|(_, v)| v);
+    let first = values.next()?;
+    let mut joined = first.clone();
+    for value in values {
+        joined.push(b',');
+        joined.extend_from_slice(value);
+    }
+    Some(header_text(joined))
+}
+
 /// A JWT claim's value as text, whatever its JSON type. Envoy hands the filter a string
 /// claim as its bytes and a number as the 8 bytes of an IEEE double; anything else (a
 /// boolean, an object...) arrives in some other binary form. Text stays text; a double
@@ -71,7 +86,7 @@ pub fn is_header_name(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{claim_text, header_text};
+    use super::{claim_text, combined_header, header_text};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -93,6 +108,28 @@ mod tests {
         assert_eq!(claim_text(&7.0f64.to_le_bytes()), "7");
         assert_eq!(claim_text(&[1]), "0x01");
         assert_ne!(claim_text(&[0xff, 0x00]), claim_text(&[0xfe, 0x00]));
+    }
+
+    // Regression: with x-api-key sent twice, only the first value was read.
+    #[test]
+    fn a_repeated_header_is_all_of_its_values() {
+        let pairs = |values: &[&str]| -> Vec<(String, Vec<u8>)> {
+            values
+                .iter()
+                .map(|v| ("x-api-key".to_string(), v.as_bytes().to_vec()))
+                .chain([("other".to_string(), b"x".to_vec())])
+                .collect()
+        };
+        assert_eq!(combined_header(&pairs(&["a"]), "x-api-key").as_deref(), Some("a"));
+        assert_eq!(
+            combined_header(&pairs(&["a", "b"]), "x-api-key").as_deref(),
+            Some("a,b")
+        );
+        assert_ne!(
+            combined_header(&pairs(&["rotating-1", "fixed"]), "x-api-key"),
+            combined_header(&pairs(&["rotating-2", "fixed"]), "x-api-key")
+        );
+        assert_eq!(combined_header(&pairs(&["a"]), "missing"), None);
     }
 
     // Regression: every header value that was not UTF-8 decoded to the same text.

@@ -489,7 +489,37 @@ fn an_unknown_shim_cluster_is_said_once_loudly_and_counted() {
     assert_eq!(statuses, [503, 503, 503], "failing closed");
     assert_eq!(envoy.stat("wasmcustom.ratelimit.r.shim_errors"), 3);
     let log = envoy.process.log_text();
-    let said = log.matches("calls to the shim fail: no cluster named \"no_such_cluster\"").count();
+    let said = log
+        .matches("calls to the shim fail: no cluster named \"no_such_cluster\"")
+        .count();
     // Once per worker that saw a request.
     assert!((1..=2).contains(&said), "said {said} times:\n{log}");
+}
+
+// Regression: with x-api-key sent twice the filter keyed on the first value only, so a
+// client could hold one value fixed where an upstream read it and rotate the other.
+#[test]
+fn a_repeated_key_header_keys_on_all_of_its_values() {
+    let stack = Stack::start(&json!({
+        "shim_cluster": "ratelimit_shim", "timeout": "5s", "failure_mode": "closed",
+        "rules": [{ "name": "per-key", "key": [{ "header": "x-api-key" }], "limit": 2, "period": "1m" }]
+    }));
+    let request = |keys: &[&str]| {
+        let mut text = String::from("GET / HTTP/1.1\r\nhost: x\r\n");
+        for key in keys {
+            text.push_str(&format!("x-api-key: {key}\r\n"));
+        }
+        text.push_str("connection: close\r\n\r\n");
+        let answer = raw_exchange(stack.envoy.port, text.as_bytes());
+        answer.get(9..12).unwrap_or_default().to_string()
+    };
+    // A fixed first value with a rotating second one is a different key each time...
+    for i in 0..3 {
+        assert_eq!(request(&["fixed", &format!("rotating-{i}")]), "200");
+    }
+    // ...and the same pair twice is one client, limited as one.
+    let same: Vec<String> = (0..3).map(|_| request(&["a", "b"])).collect();
+    assert_eq!(same, ["200", "200", "429"]);
+    // The first value alone is another client again: every value counts.
+    assert_eq!(request(&["a"]), "200");
 }

@@ -48,6 +48,11 @@ pub fn header(map: MapType, name: &str) -> Option<String> {
     Some(header_text(bytes))
 }
 
+/// Every request header, as (name, value bytes) pairs, pseudo-headers included.
+pub fn request_headers() -> Vec<(String, Vec<u8>)> {
+    hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_default()
+}
+
 pub fn add_response_header(name: &str, value: &str) -> Result<(), HostError> {
     hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value).map_err(HostError)
 }

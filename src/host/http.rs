@@ -2,13 +2,14 @@
 //! its checks and starts deciding it ([`PendingRequest`]); adds the rate-limit headers
 //! to the response.
 
-use super::hostcalls::{self, add_response_header, now_ms, property_bytes, property_text};
+use super::hostcalls::{add_response_header, now_ms, property_bytes, property_text, request_headers};
 use super::request_state::PendingRequest;
 use super::Worker;
-use crate::attributes::{claim_text, RequestAttributes};
+use crate::attributes::{claim_text, combined_header, RequestAttributes};
 use crate::plan::plan;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, MapType};
+use proxy_wasm::types::Action;
+use std::cell::OnceCell;
 use std::rc::Rc;
 
 pub struct RateLimitRequest {
@@ -19,11 +20,13 @@ pub struct RateLimitRequest {
 /// The current request as seen through Envoy's header map and properties.
 struct HostRequest<'a> {
     jwt_payload_in_metadata: &'a str,
+    /// Every header, read once (one host call) on the first lookup.
+    headers: OnceCell<Vec<(String, Vec<u8>)>>,
 }
 
 impl RequestAttributes for HostRequest<'_> {
     fn header(&self, name: &str) -> Option<String> {
-        hostcalls::header(MapType::HttpRequestHeaders, name)
+        combined_header(self.headers.get_or_init(request_headers), name)
     }
 
     fn source_address(&self) -> Option<String> {
@@ -51,6 +54,7 @@ impl HttpContext for RateLimitRequest {
         let worker = Rc::clone(&self.worker);
         let request = HostRequest {
             jwt_payload_in_metadata: &worker.config.jwt_payload_in_metadata,
+            headers: OnceCell::new(),
         };
         let planned = plan(&worker.config, &request);
         if planned.is_empty() {
