@@ -2,7 +2,7 @@
 WASM := target/wasm32-wasip1/release/ratelimit_wasm.wasm
 SHIM := target/release/redis-shim
 
-.PHONY: setup build wasm shim test test-wasm unit lint fmt up down demo clean
+.PHONY: setup build wasm shim test test-wasm unit lint fmt fuzz up down demo clean
 
 setup:
 	@scripts/setup.sh
@@ -19,12 +19,18 @@ shim:
 # tests (real Redis, the real shim, real Envoy loading the built .wasm).
 test: build test-wasm
 	cargo test --workspace --lib --tests
+	@scripts/fuzz.sh 3
 
 test-wasm: setup
 	@scripts/test-wasm.sh
 
 unit:
 	cargo test --workspace --lib --bins
+
+# Every fuzz target for FUZZ_SECONDS each (make test runs them for 3 s).
+FUZZ_SECONDS ?= 60
+fuzz: setup
+	@scripts/fuzz.sh $(FUZZ_SECONDS)
 
 lint:
 	cargo fmt --all --check

@@ -31,6 +31,7 @@ pinned() {
             version=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print }' Cargo.lock)
             [ -n "$version" ] || { echo "setup: no wasm-bindgen in Cargo.lock" >&2; return 1; }
             echo "$version" ;;
+        cargo-fuzz) echo 0.13.2 ;;
         *) echo "setup: no pinned version for $1 (add it to pinned() in $0)" >&2; return 1 ;;
     esac
 }
@@ -165,7 +166,8 @@ for row in ${cargo_rows[@]+"${cargo_rows[@]}"}; do
         continue
     fi
     echo "setup: installing $crate $version (a few minutes, once)"
-    cargo install --quiet "$crate" --version "$version"
+    # --locked: a crate's newest dependencies may need a newer rustc than the machine's.
+    cargo install --quiet --locked "$crate" --version "$version"
 done
 
 # ---- Check that the tools found missing above are there now (the others were found

