@@ -2,7 +2,8 @@
 //! against the real shim and a real Redis: a caller without the token is refused before
 //! its body is read (and a flood of such callers leaves memory flat), a client stalled
 //! in its headers or its body is cut at the timeout, and a flood of idle connections
-//! past the connection cap does not lock a legitimate caller out.
+//! past the connection cap does not lock a legitimate caller out. And every shipped
+//! deployment requires a token, the one its callers send.
 //!
 //! Timeouts are set short by flag so the whole file runs in seconds.
 
@@ -243,4 +244,84 @@ fn idle_connections_past_the_cap_do_not_lock_a_caller_out() {
     let evicted = metric(&shim, r#"rlshim_connections_closed_total{reason="evicted"}"#);
     assert!(evicted >= 31, "{evicted} evicted");
     assert!(metric(&shim, "rlshim_connections_open") <= 20);
+}
+
+/// The plugin configuration (JSON) in an Envoy bootstrap's wasm filter.
+fn plugin_config_of(bootstrap: &serde_json::Value) -> serde_json::Value {
+    match bootstrap {
+        serde_json::Value::Object(map) => {
+            if let Some(text) = map
+                .get("configuration")
+                .and_then(|c| c.get("value"))
+                .and_then(|v| v.as_str())
+            {
+                return serde_json::from_str(text).unwrap();
+            }
+            map.values()
+                .map(plugin_config_of)
+                .find(|found| !found.is_null())
+                .unwrap_or_default()
+        }
+        serde_json::Value::Array(items) => items
+            .iter()
+            .map(plugin_config_of)
+            .find(|found| !found.is_null())
+            .unwrap_or_default(),
+        _ => serde_json::Value::Null,
+    }
+}
+
+#[test]
+fn every_shipped_deployment_requires_the_token_its_callers_send() {
+    let root = repo_root();
+    let read = |relative: &str| std::fs::read_to_string(root.join(relative)).unwrap();
+
+    // docker-compose.yml: the shim's token is the one its Envoy sends.
+    let compose = yaml_file(&root.join("docker-compose.yml"));
+    let token = compose["services"]["redis-shim"]["environment"]["RLSHIM_TOKEN"]
+        .as_str()
+        .expect("the compose shim sets RLSHIM_TOKEN");
+    assert!(!token.is_empty());
+    let envoy = plugin_config_of(&yaml_file(&root.join("deploy/compose/envoy.yaml")));
+    assert_eq!(
+        envoy["shim_token"], token,
+        "compose's Envoy sends the shim's token"
+    );
+
+    // The image listens on 0.0.0.0: without a token the binary refuses to start.
+    let output = std::process::Command::new(shim_path())
+        .args(["--listen", "0.0.0.0:0", "--redis-url", "redis://127.0.0.1:1"])
+        .env_remove("RLSHIM_TOKEN")
+        .env_remove("RLSHIM_ALLOW_NO_TOKEN")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && text.contains("without a token"),
+        "{text}"
+    );
+
+    // Istio: the shim reads its token from the Secret kustomize generates out of the file
+    // generate-token.sh writes, which also writes the WasmPlugin's shim_token.
+    let manifests = yaml_documents(&root.join("deploy/istio/redis-shim.yaml"));
+    let deployment = manifests.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap();
+    let reference = &env.iter().find(|e| e["name"] == "RLSHIM_TOKEN").unwrap()["valueFrom"]["secretKeyRef"];
+    let kustomization = yaml_file(&root.join("deploy/istio/kustomization.yaml"));
+    let generator = &kustomization["secretGenerator"][0];
+    assert_eq!(generator["name"], reference["name"]);
+    assert_eq!(generator["namespace"], deployment["metadata"]["namespace"]);
+    let env_file = generator["envs"][0].as_str().unwrap();
+    let patch = kustomization["patches"][0]["path"].as_str().unwrap();
+    let script = read("deploy/istio/generate-token.sh");
+    assert!(script.contains(&format!("{}=", reference["key"].as_str().unwrap())));
+    assert!(script.contains(&format!("> {env_file}")) && script.contains(&format!("> {patch}")));
+    assert!(
+        script.contains("shim_token: "),
+        "the patch sets the WasmPlugin's token"
+    );
+    let ignored = read("deploy/istio/.gitignore");
+    assert!(ignored.lines().any(|l| l == env_file) && ignored.lines().any(|l| l == patch));
 }

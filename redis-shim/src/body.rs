@@ -1,8 +1,13 @@
 //! Reading a check request's body within bounds of size and time. The handlers call it
 //! only after the caller's token is checked, so a caller without it never makes the
-//! shim buffer a byte of its body; a declared length over the limit is refused before
-//! anything is read, and a body that stops arriving is cut at the body timeout (a client
-//! trickling bytes cannot hold its connection and permit for longer).
+//! shim buffer a byte of its body; a body is refused as soon as it exceeds the limit,
+//! and one that stops arriving is cut at the body timeout (a client trickling bytes
+//! cannot hold its connection and permit for longer).
+//!
+//! A declared `Content-Length` over the limit is not refused before reading: answering
+//! at once and closing with the body still queued makes the kernel reset the connection,
+//! and the caller would see a transport error instead of the 413. Reading up to the
+//! limit costs no more than an accepted body.
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap};
@@ -31,9 +36,6 @@ pub async fn read_body(
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit as u64) {
-        return Err(BodyError::TooLarge);
-    }
     let capacity = declared.map_or(0, |length| usize::try_from(length).unwrap_or(limit).min(limit));
     let read = async move {
         let mut stream = body.into_data_stream();
@@ -65,8 +67,9 @@ mod tests {
         assert!(matches!(long, Err(BodyError::TooLarge)));
         let mut declared = HeaderMap::new();
         declared.insert(header::CONTENT_LENGTH, "1000".parse().unwrap());
-        let refused = read_body(&declared, Body::from("a"), 3, second).await;
-        assert!(matches!(refused, Err(BodyError::TooLarge)));
+        // A declared length only sizes the buffer.
+        let sized = read_body(&declared, Body::from("a"), 3, second).await;
+        assert_eq!(sized.unwrap(), "a");
         let stalled = Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>());
         let slow = read_body(&HeaderMap::new(), stalled, 3, Duration::from_millis(20)).await;
         assert!(matches!(slow, Err(BodyError::TimedOut)));

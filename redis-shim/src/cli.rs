@@ -42,6 +42,10 @@ pub struct Args {
     /// a request's body is read: a caller without it is answered 401 at once.
     #[arg(long, env = "RLSHIM_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Serve without --token on an address other than loopback (any caller that reaches
+    /// the port is then accepted). Without it, the shim refuses to start that way.
+    #[arg(long, env = "RLSHIM_ALLOW_NO_TOKEN")]
+    pub allow_no_token: bool,
     /// Most check requests decided at once; more are answered 503 immediately.
     #[arg(long, env = "RLSHIM_MAX_IN_FLIGHT", default_value_t = 1024)]
     pub max_in_flight: usize,
@@ -79,6 +83,19 @@ pub enum LogFormat {
 }
 
 impl Args {
+    /// Refuses to serve callers beyond this host without a token unless told to: an
+    /// exposed shim without one can be driven by anyone who reaches it.
+    pub fn check_exposure(&self) -> Result<(), String> {
+        if self.token.is_none() && !self.listen.ip().is_loopback() && !self.allow_no_token {
+            return Err(format!(
+                "listening on {} without a token: set --token (RLSHIM_TOKEN), or pass \
+                 --allow-no-token (RLSHIM_ALLOW_NO_TOKEN=true) to accept any caller",
+                self.listen
+            ));
+        }
+        Ok(())
+    }
+
     /// What [`crate::run`] needs; the listen address and log format stay with the caller.
     pub fn shim_config(&self) -> ShimConfig {
         ShimConfig {
@@ -97,5 +114,28 @@ impl Args {
             body_timeout: Duration::from_millis(self.body_timeout_ms),
             shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(flags: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("redis-shim").chain(flags.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn an_exposed_shim_needs_a_token_or_an_explicit_opt_out() {
+        assert!(args(&[]).check_exposure().is_ok(), "loopback by default");
+        let exposed = ["--listen", "0.0.0.0:8400"];
+        let refused = args(&exposed).check_exposure().unwrap_err();
+        assert!(refused.contains("--token"), "{refused}");
+        assert!(args(&[&exposed[..], &["--token", "t"]].concat())
+            .check_exposure()
+            .is_ok());
+        assert!(args(&[&exposed[..], &["--allow-no-token"]].concat())
+            .check_exposure()
+            .is_ok());
     }
 }

@@ -224,8 +224,7 @@ async fn admit<'a>(
             RequestOutcome::Invalid,
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("body over {max_body_bytes} bytes"),
-        )
-        .closing()),
+        )),
         Err(BodyError::TimedOut) => {
             shim.metrics.connection_closed(ConnectionClose::BodyTimeout);
             Err(Refusal::new(
