@@ -38,12 +38,30 @@ pub struct Args {
     /// Prefix of every Redis key the shim writes (no braces).
     #[arg(long, env = "RLSHIM_KEY_PREFIX", default_value = "rl:")]
     pub key_prefix: String,
-    /// Shared token that callers must send in x-ratelimit-token.
+    /// Shared token that callers must send in x-ratelimit-token. Checked before any of
+    /// a request's body is read: a caller without it is answered 401 at once.
     #[arg(long, env = "RLSHIM_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Serve without --token on an address other than loopback (any caller that reaches
+    /// the port is then accepted). Without it, the shim refuses to start that way.
+    #[arg(long, env = "RLSHIM_ALLOW_NO_TOKEN")]
+    pub allow_no_token: bool,
     /// Most check requests decided at once; more are answered 503 immediately.
     #[arg(long, env = "RLSHIM_MAX_IN_FLIGHT", default_value_t = 1024)]
     pub max_in_flight: usize,
+    /// Most connections open at once. Past it, a new connection closes the oldest one
+    /// that has not yet sent a request (or, if every one has, is itself closed at once).
+    /// Keep it well under the open-file limit (ulimit -n), which Redis connections share.
+    #[arg(long, env = "RLSHIM_MAX_CONNECTIONS", default_value_t = 512)]
+    pub max_connections: usize,
+    /// Longest wait for a request's headers, in milliseconds (also for a connection's
+    /// first request, HTTP/2 included); the connection is then closed.
+    #[arg(long, env = "RLSHIM_HEADER_TIMEOUT_MS", default_value_t = 5_000)]
+    pub header_timeout_ms: u64,
+    /// Longest wait for a check request's whole body, in milliseconds; past it, the
+    /// request is answered 408 and its connection closed.
+    #[arg(long, env = "RLSHIM_BODY_TIMEOUT_MS", default_value_t = 5_000)]
+    pub body_timeout_ms: u64,
     /// After SIGTERM, longest wait for the checks in flight, in milliseconds.
     #[arg(long, env = "RLSHIM_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
@@ -65,6 +83,19 @@ pub enum LogFormat {
 }
 
 impl Args {
+    /// Refuses to serve callers beyond this host without a token unless told to: an
+    /// exposed shim without one can be driven by anyone who reaches it.
+    pub fn check_exposure(&self) -> Result<(), String> {
+        if self.token.is_none() && !self.listen.ip().is_loopback() && !self.allow_no_token {
+            return Err(format!(
+                "listening on {} without a token: set --token (RLSHIM_TOKEN), or pass \
+                 --allow-no-token (RLSHIM_ALLOW_NO_TOKEN=true) to accept any caller",
+                self.listen
+            ));
+        }
+        Ok(())
+    }
+
     /// What [`crate::run`] needs; the listen address and log format stay with the caller.
     pub fn shim_config(&self) -> ShimConfig {
         ShimConfig {
@@ -78,7 +109,33 @@ impl Args {
             key_prefix: self.key_prefix.clone(),
             token: self.token.clone(),
             max_in_flight: self.max_in_flight,
+            max_connections: self.max_connections,
+            header_timeout: Duration::from_millis(self.header_timeout_ms),
+            body_timeout: Duration::from_millis(self.body_timeout_ms),
             shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(flags: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("redis-shim").chain(flags.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn an_exposed_shim_needs_a_token_or_an_explicit_opt_out() {
+        assert!(args(&[]).check_exposure().is_ok(), "loopback by default");
+        let exposed = ["--listen", "0.0.0.0:8400"];
+        let refused = args(&exposed).check_exposure().unwrap_err();
+        assert!(refused.contains("--token"), "{refused}");
+        assert!(args(&[&exposed[..], &["--token", "t"]].concat())
+            .check_exposure()
+            .is_ok());
+        assert!(args(&[&exposed[..], &["--allow-no-token"]].concat())
+            .check_exposure()
+            .is_ok());
     }
 }

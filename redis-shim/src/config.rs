@@ -17,6 +17,12 @@ pub struct ShimConfig {
     pub token: Option<String>,
     /// Most check requests decided at once; more are answered 503 at once.
     pub max_in_flight: usize,
+    /// Most connections open at once (see `connections.rs`).
+    pub max_connections: usize,
+    /// Longest wait for a request's headers, and for a connection's first request.
+    pub header_timeout: Duration,
+    /// Longest wait for a check request's body.
+    pub body_timeout: Duration,
     /// Longest the shim waits for checks in flight after the shutdown signal.
     pub shutdown_timeout: Duration,
 }
@@ -49,6 +55,12 @@ impl ShimConfig {
         if self.max_in_flight == 0 {
             return Err("max in flight: must be positive".into());
         }
+        if self.max_connections == 0 {
+            return Err("max connections: must be positive".into());
+        }
+        if self.header_timeout.is_zero() || self.body_timeout.is_zero() {
+            return Err("header and body timeouts: must be positive".into());
+        }
         if self.token.as_deref() == Some("") {
             return Err("token: must not be empty when set".into());
         }
@@ -71,6 +83,9 @@ mod tests {
             key_prefix: "rl:".into(),
             token: None,
             max_in_flight: 10,
+            max_connections: 10,
+            header_timeout: Duration::from_secs(1),
+            body_timeout: Duration::from_secs(1),
             shutdown_timeout: Duration::from_secs(1),
         }
     }
@@ -99,6 +114,20 @@ mod tests {
                     ..config()
                 },
                 "in flight",
+            ),
+            (
+                ShimConfig {
+                    max_connections: 0,
+                    ..config()
+                },
+                "connections",
+            ),
+            (
+                ShimConfig {
+                    body_timeout: Duration::ZERO,
+                    ..config()
+                },
+                "timeouts",
             ),
             (
                 ShimConfig {

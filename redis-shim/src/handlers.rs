@@ -3,14 +3,14 @@
 //! runs under it only returns what happened).
 
 use crate::admission::{Admission, OVERLOADED};
+use crate::body::{read_body, BodyError};
 use crate::config::ShimConfig;
 use crate::decision::{self, DecideError, Decision, Refund};
-use crate::metrics::{CheckOutcome, Metrics, RequestOutcome};
+use crate::metrics::{CheckOutcome, ConnectionClose, Metrics, RequestOutcome};
 use crate::store::RedisStore;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::future::join_all;
@@ -32,7 +32,8 @@ pub const MAX_BATCH_BODY_BYTES: usize = MAX_BATCH * MAX_BODY_BYTES;
 pub struct Shim {
     pub store: RedisStore,
     pub config: ShimConfig,
-    pub metrics: Metrics,
+    /// Shared with the connection cap, which counts the open connections.
+    pub metrics: Arc<Metrics>,
     pub admission: Admission,
     /// Set once the shutdown signal came: the shim reports not ready.
     pub draining: AtomicBool,
@@ -44,7 +45,7 @@ impl Shim {
             store,
             admission: Admission::new(config.max_in_flight),
             config,
-            metrics: Metrics::default(),
+            metrics: Arc::default(),
             draining: AtomicBool::new(false),
         }
     }
@@ -56,6 +57,9 @@ struct Refusal {
     outcome: RequestOutcome,
     status: StatusCode,
     message: String,
+    /// The body was left unread: the connection is closed after the answer rather than
+    /// drained for a next request.
+    close: bool,
 }
 
 impl Refusal {
@@ -64,7 +68,22 @@ impl Refusal {
             outcome,
             status,
             message: message.into(),
+            close: false,
         }
+    }
+
+    fn closing(self) -> Refusal {
+        Refusal { close: true, ..self }
+    }
+
+    fn into_response(self) -> Response {
+        let mut response = error(self.status, self.message);
+        if self.close {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
     }
 }
 
@@ -77,14 +96,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-pub async fn check(
-    State(shim): State<Arc<Shim>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+pub async fn check(State(shim): State<Arc<Shim>>, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
-    let (outcome, response) = match admit(&shim, &headers, body, MAX_BODY_BYTES) {
-        Err(refusal) => (refusal.outcome, error(refusal.status, refusal.message)),
+    let (outcome, response) = match admit(&shim, &headers, body, MAX_BODY_BYTES).await {
+        Err(refusal) => (refusal.outcome, refusal.into_response()),
         Ok((_permit, body)) => match serde_json::from_slice::<CheckRequest>(&body) {
             Err(e) => (
                 RequestOutcome::Invalid,
@@ -92,7 +107,7 @@ pub async fn check(
             ),
             Ok(request) => match decide_request(&shim, &request).await {
                 Ok(answer) => (answer_outcome(&answer), Json(answer).into_response()),
-                Err(refusal) => (refusal.outcome, error(refusal.status, refusal.message)),
+                Err(refusal) => (refusal.outcome, refusal.into_response()),
             },
         },
     };
@@ -103,17 +118,13 @@ pub async fn check(
 /// Decides several requests' checks (see [`BatchCheckRequest`]): each is its own atomic
 /// decision, run concurrently, so one call carries what a worker queued. Each request
 /// is counted in the metrics as if it had come alone.
-pub async fn check_batch(
-    State(shim): State<Arc<Shim>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+pub async fn check_batch(State(shim): State<Arc<Shim>>, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
-    let (mut permit, body) = match admit(&shim, &headers, body, MAX_BATCH_BODY_BYTES) {
+    let (mut permit, body) = match admit(&shim, &headers, body, MAX_BATCH_BODY_BYTES).await {
         Ok(admitted) => admitted,
         Err(refusal) => {
             shim.metrics.request(refusal.outcome, started.elapsed());
-            return error(refusal.status, refusal.message);
+            return refusal.into_response();
         }
     };
     let batch = match serde_json::from_slice::<BatchCheckRequest>(&body)
@@ -174,21 +185,17 @@ fn answer_outcome(answer: &CheckResponse) -> RequestOutcome {
     }
 }
 
-/// What every check call passes before its body is read: the in-flight bound, the
-/// shared token and the body's size. The permit is held until the call is answered.
-fn admit<'a>(
+/// What every check call passes, in this order: the shared token (before anything else,
+/// so a caller without it costs no permit and none of its body is read), the in-flight
+/// bound, then the body, read within its size limit and the body timeout while the
+/// permit is held (so the bytes buffered at once stay under the bound times the limit).
+/// The permit is held until the call is answered.
+async fn admit<'a>(
     shim: &'a Shim,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
     max_body_bytes: usize,
 ) -> Result<(SemaphorePermit<'a>, Bytes), Refusal> {
-    let Some(permit) = shim.admission.try_admit() else {
-        return Err(Refusal::new(
-            RequestOutcome::Overloaded,
-            StatusCode::SERVICE_UNAVAILABLE,
-            OVERLOADED,
-        ));
-    };
     if let Some(expected) = &shim.config.token {
         let presented = headers
             .get(TOKEN_HEADER)
@@ -199,21 +206,40 @@ fn admit<'a>(
                 RequestOutcome::Unauthorized,
                 StatusCode::UNAUTHORIZED,
                 format!("missing or wrong {TOKEN_HEADER}"),
-            ));
+            )
+            .closing());
         }
     }
-    match body {
-        Ok(body) if body.len() <= max_body_bytes => Ok((permit, body)),
-        Ok(_) => Err(Refusal::new(
+    let Some(permit) = shim.admission.try_admit() else {
+        return Err(Refusal::new(
+            RequestOutcome::Overloaded,
+            StatusCode::SERVICE_UNAVAILABLE,
+            OVERLOADED,
+        ));
+    };
+    let timeout = shim.config.body_timeout;
+    match read_body(headers, body, max_body_bytes, timeout).await {
+        Ok(body) => Ok((permit, body)),
+        Err(BodyError::TooLarge) => Err(Refusal::new(
             RequestOutcome::Invalid,
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("body over {max_body_bytes} bytes"),
         )),
-        Err(rejection) => Err(Refusal::new(
+        Err(BodyError::TimedOut) => {
+            shim.metrics.connection_closed(ConnectionClose::BodyTimeout);
+            Err(Refusal::new(
+                RequestOutcome::Invalid,
+                StatusCode::REQUEST_TIMEOUT,
+                format!("body not received within {} ms", timeout.as_millis()),
+            )
+            .closing())
+        }
+        Err(BodyError::Unreadable(e)) => Err(Refusal::new(
             RequestOutcome::Invalid,
-            rejection.status(),
-            format!("body over {max_body_bytes} bytes or unreadable: {rejection}"),
-        )),
+            StatusCode::BAD_REQUEST,
+            format!("body unreadable: {e}"),
+        )
+        .closing()),
     }
 }
 

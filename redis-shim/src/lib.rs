@@ -12,10 +12,13 @@
 //! - [`cli`]: flags and environment into a [`ShimConfig`] ([`config`], which validates
 //!   it); the binary (`main.rs`) only adds logging and signals.
 //! - `server`: the routes and [`run`], which serves a bound listener until a shutdown
-//!   future completes. The root package's tests (`tests/support/shim.rs`) call it
-//!   in-process with flags parsed by [`cli::Args`].
+//!   future completes, each connection with the header-read timeout. The root package's
+//!   tests (`tests/support/shim.rs`) call it in-process with flags parsed by
+//!   [`cli::Args`].
+//! - `connections`: the connection cap, which closes idle connections to make room.
 //! - `handlers`: each endpoint: the token and body checks, status codes, and the
 //!   counting ([`metrics`]) and logging of every decision.
+//! - `body`: reading a check's body within its size limit and the body timeout.
 //! - `admission`: the in-flight bound.
 //! - [`decision`]: one request decided against a [`store::Store`], all or nothing across
 //!   cluster slots; it returns what happened and neither counts nor logs.
@@ -25,8 +28,10 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod admission;
+mod body;
 pub mod cli;
 pub mod config;
+mod connections;
 pub mod decision;
 mod handlers;
 pub mod metrics;

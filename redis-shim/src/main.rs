@@ -18,6 +18,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().flatten_event(true).init(),
     }
+    if let Err(refused) = args.check_exposure() {
+        tracing::error!("{refused}");
+        return Err(refused.into());
+    }
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let redacted: Vec<String> = args.redis_url.iter().map(|url| redact(url)).collect();
     tracing::info!(

@@ -39,7 +39,7 @@ impl CheckOutcome {
 pub enum RequestOutcome {
     Allowed,
     Denied,
-    /// 400 or 413.
+    /// 400, 408 (body too slow) or 413.
     Invalid,
     /// 401.
     Unauthorized,
@@ -71,6 +71,37 @@ impl RequestOutcome {
     }
 }
 
+/// Why the shim closed a connection itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectionClose {
+    /// The connection cap was reached: the longest idle connection made room.
+    Evicted,
+    /// The connection cap was reached and every connection was busy: the new one went.
+    Refused,
+    /// A request's headers (or a connection's first request) did not come in time.
+    HeaderTimeout,
+    /// A check request's body did not come in time (answered 408).
+    BodyTimeout,
+}
+
+impl ConnectionClose {
+    const ALL: [ConnectionClose; 4] = [
+        ConnectionClose::Evicted,
+        ConnectionClose::Refused,
+        ConnectionClose::HeaderTimeout,
+        ConnectionClose::BodyTimeout,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            ConnectionClose::Evicted => "evicted",
+            ConnectionClose::Refused => "refused",
+            ConnectionClose::HeaderTimeout => "header_timeout",
+            ConnectionClose::BodyTimeout => "body_timeout",
+        }
+    }
+}
+
 const REDIS_ERROR_KINDS: [&str; 3] = ["timeout", "error", "malformed_reply"];
 
 /// Upper bounds of the latency histogram's buckets, in seconds.
@@ -86,6 +117,8 @@ pub struct Metrics {
     refunds: AtomicU64,
     refund_failures: AtomicU64,
     in_flight: AtomicI64,
+    connections_open: AtomicI64,
+    connection_closes: [AtomicU64; 4],
     latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
     latency_count: AtomicU64,
     latency_sum_micros: AtomicU64,
@@ -127,6 +160,22 @@ impl Metrics {
         if !complete {
             self.refund_failures.fetch_add(1, Relaxed);
         }
+    }
+
+    pub fn connection_opened(&self) {
+        self.connections_open.fetch_add(1, Relaxed);
+    }
+
+    pub fn connection_ended(&self) {
+        self.connections_open.fetch_sub(1, Relaxed);
+    }
+
+    pub fn connection_closed(&self, reason: ConnectionClose) {
+        let index = ConnectionClose::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
+        self.connection_closes[index].fetch_add(1, Relaxed);
     }
 
     /// Counts a check in flight until the guard is dropped.
@@ -226,6 +275,31 @@ impl Metrics {
             "Check requests being decided now.",
         );
         let _ = writeln!(out, "rlshim_in_flight {}", self.in_flight.load(Relaxed));
+        header(
+            &mut out,
+            "rlshim_connections_open",
+            "gauge",
+            "Client connections open now.",
+        );
+        let _ = writeln!(
+            out,
+            "rlshim_connections_open {}",
+            self.connections_open.load(Relaxed)
+        );
+        header(
+            &mut out,
+            "rlshim_connections_closed_total",
+            "counter",
+            "Connections the shim closed itself: the connection cap, or a slow client.",
+        );
+        for (i, reason) in ConnectionClose::ALL.iter().enumerate() {
+            let value = self.connection_closes[i].load(Relaxed);
+            let _ = writeln!(
+                out,
+                "rlshim_connections_closed_total{{reason=\"{}\"}} {value}",
+                reason.as_str()
+            );
+        }
         out
     }
 }

@@ -1,17 +1,37 @@
 //! The server: the routes, and [`run`], which serves them on a bound listener until a
 //! shutdown future completes, so tests serve the real shim on a port they picked.
+//!
+//! Connections are served here rather than by `axum::serve`, which sets no timer (so no
+//! header-read timeout) and accepts without limit: each accepted connection first passes
+//! the connection cap (`connections.rs`), then is served over HTTP/1.1 or HTTP/2
+//! cleartext (detected from its first bytes) with the header-read timeout, and is closed
+//! if its first request does not start within that timeout either (which covers a
+//! client that sends nothing, or stalls in the HTTP/2 preface, where hyper has no timer).
 
 use crate::config::ShimConfig;
-use crate::handlers::{self, Shim, MAX_BATCH_BODY_BYTES, MAX_BODY_BYTES};
+use crate::connections::{ConnectionGuard, Connections};
+use crate::handlers::{self, Shim};
+use crate::metrics::ConnectionClose;
 use crate::store::RedisStore;
-use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
+use hyper::body::Incoming;
+use hyper::service::Service as _;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use ratelimit_wire::{CHECK_BATCH_PATH, CHECK_PATH};
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tokio::net::TcpListener;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+
+/// Largest read buffer of an HTTP/1 connection, which bounds the headers a client can
+/// make the shim hold (hyper's default is 400 KiB a connection). Bodies stream through
+/// it in pieces, so it does not limit them.
+const MAX_READ_BUFFER_BYTES: usize = 32 * 1024;
 
 /// Serves the shim on `listener` until `shutdown` completes, then finishes the checks in
 /// flight (for at most the shutdown timeout) and returns.
@@ -23,34 +43,127 @@ pub async fn run(
     config.validate()?;
     let store = RedisStore::connect(&config.redis)?;
     let shim = Arc::new(Shim::new(store, config));
+    // The handlers read their bodies themselves, within the limits, after the token.
     let app = Router::new()
         .route(CHECK_PATH, post(handlers::check))
-        .route(
-            CHECK_BATCH_PATH,
-            post(handlers::check_batch).layer(DefaultBodyLimit::max(MAX_BATCH_BODY_BYTES)),
-        )
+        .route(CHECK_BATCH_PATH, post(handlers::check_batch))
         .route("/healthz", get(handlers::healthz))
         .route("/readyz", get(handlers::readyz))
         .route("/metrics", get(handlers::metrics))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(shim.clone());
 
-    let (drain_started, mut drain_started_rx) = tokio::sync::watch::channel(false);
-    let signal_shim = shim.clone();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown.await;
-        signal_shim.draining.store(true, Ordering::SeqCst);
-        tracing::info!("shutdown requested: finishing the checks in flight");
-        let _ = drain_started.send(true);
-    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(shim.config.header_timeout)
+        .max_buf_size(MAX_READ_BUFFER_BYTES);
+    builder.http2().timer(TokioTimer::new());
+    let connections = Connections::new(shim.config.max_connections, shim.metrics.clone());
+    let graceful = GracefulShutdown::new();
+
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _peer)) => stream,
+            Err(error) => {
+                // Out of file descriptors, most likely: wait for some to close rather
+                // than spin on a listener that stays readable.
+                tracing::warn!(%error, "accepting a connection failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some(guard) = connections.admit() else {
+            drop(stream);
+            continue;
+        };
+        tokio::spawn(serve_connection(
+            stream,
+            guard,
+            &builder,
+            &graceful,
+            app.clone(),
+            shim.clone(),
+        ));
+    }
+
+    drop(listener);
+    shim.draining.store(true, Ordering::SeqCst);
+    tracing::info!("shutdown requested: finishing the checks in flight");
     let grace = shim.config.shutdown_timeout;
-    let deadline = async move {
-        let _ = drain_started_rx.wait_for(|started| *started).await;
-        tokio::time::sleep(grace).await;
-    };
     tokio::select! {
-        served = server => served?,
-        _ = deadline => tracing::warn!(timeout = ?grace, "shutdown timeout: abandoning the checks still in flight"),
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(grace) => tracing::warn!(timeout = ?grace, "shutdown timeout: abandoning the checks still in flight"),
     }
     Ok(())
+}
+
+/// One connection, served until it closes, is evicted by the cap, or sends no first
+/// request within the header timeout. Returns the future its task runs.
+fn serve_connection(
+    stream: TcpStream,
+    guard: ConnectionGuard,
+    builder: &auto::Builder<TokioExecutor>,
+    graceful: &GracefulShutdown,
+    app: Router,
+    shim: Arc<Shim>,
+) -> impl Future<Output = ()> + Send + 'static {
+    // Checks are small request/response exchanges: send each answer at once.
+    let _ = stream.set_nodelay(true);
+    let guard = Arc::new(guard);
+    let router = TowerToHyperService::new(app);
+    let requests = guard.clone();
+    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+        let in_progress = requests.request();
+        let answer = router.call(request);
+        async move {
+            let answered = answer.await;
+            drop(in_progress);
+            answered
+        }
+    });
+    let connection = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .into_owned();
+    let watched = graceful.watch(connection);
+    let header_timeout = shim.config.header_timeout;
+    async move {
+        let mut watched = std::pin::pin!(watched);
+        let first_request = tokio::time::sleep(header_timeout);
+        let mut first_request = std::pin::pin!(first_request);
+        let mut awaiting_first = true;
+        loop {
+            tokio::select! {
+                served = &mut watched => {
+                    if let Err(error) = served {
+                        let timed_out = error
+                            .downcast_ref::<hyper::Error>()
+                            .is_some_and(hyper::Error::is_timeout);
+                        if timed_out {
+                            shim.metrics.connection_closed(ConnectionClose::HeaderTimeout);
+                        }
+                        tracing::debug!(%error, "connection ended with an error");
+                    }
+                    break;
+                }
+                () = guard.state.evicted() => break,
+                () = &mut first_request, if awaiting_first => {
+                    if guard.state.served() {
+                        awaiting_first = false;
+                    } else {
+                        shim.metrics.connection_closed(ConnectionClose::HeaderTimeout);
+                        tracing::debug!(timeout = ?header_timeout, "no request within the header timeout: closing the connection");
+                        break;
+                    }
+                }
+            }
+        }
+        // The connection and its service (holding the guard's other clone) are dropped
+        // here; the last clone unregisters the connection from the cap.
+    }
 }
