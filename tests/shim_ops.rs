@@ -406,3 +406,18 @@ fn a_bad_configuration_is_refused_at_start() {
     );
     assert!(text.contains("key prefix"), "{text}");
 }
+
+// Regression: after Redis restarted while the shim was idle, the first check met the
+// connection Redis had closed and failed (the filter then applied its failure mode).
+#[test]
+fn the_first_check_after_an_idle_redis_restart_is_decided() {
+    let mut redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &[]);
+    let url = shim.url("/v1/check");
+    assert_eq!(post(&url, &[], &check_body("before")).status, 200);
+    for round in 0..3 {
+        redis.restart();
+        let reply = post(&url, &[], &check_body(&format!("after-{round}")));
+        assert_eq!(reply.status, 200, "round {round}: {reply:?}");
+    }
+}

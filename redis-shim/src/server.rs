@@ -53,11 +53,11 @@ pub async fn run(
         .with_state(shim.clone());
 
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(shim.config.header_timeout)
-        .max_buf_size(MAX_READ_BUFFER_BYTES);
+    // No header-read timer on HTTP/1: hyper's also runs while a kept-alive connection
+    // waits for its next request, so it would close Envoy's idle connections to the shim
+    // and race the requests Envoy sends on them. A connection must start its first request
+    // within the header timeout (below); only a caller that passed the token keeps one open.
+    builder.http1().max_buf_size(MAX_READ_BUFFER_BYTES);
     builder.http2().timer(TokioTimer::new());
     let connections = Connections::new(shim.config.max_connections, shim.metrics.clone());
     let graceful = GracefulShutdown::new();

@@ -177,18 +177,36 @@ impl RedisStore {
 
     /// Runs a script whose reply is `expected` rows.
     async fn run(&self, invocation: &ScriptInvocation<'_>, expected: usize) -> Result<Vec<Row>, StoreError> {
+        let started = Instant::now();
+        let mut reply = self.run_once(invocation, self.config.timeout).await;
+        // A connection Redis closed while the shim was idle (a restart) shows only when
+        // the next command is written to it: that command never ran, so it is sent once
+        // more, on the reconnected connection, within what is left of the same timeout.
+        if let Err(StoreError::Redis(error)) = &reply {
+            let left = self.config.timeout.saturating_sub(started.elapsed());
+            if (error.is_connection_dropped() || error.is_io_error()) && !left.is_zero() {
+                reply = self.run_once(invocation, left).await;
+            }
+        }
+        parse_rows(reply?, expected).map_err(|e| StoreError::Malformed(e.0))
+    }
+
+    async fn run_once(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+        timeout: Duration,
+    ) -> Result<Vec<Vec<i64>>, StoreError> {
         let (connection, generation) = self.connection();
-        let reply = match connection {
+        match connection {
             Connection::Standalone(mut manager) => {
-                self.bounded(generation, invocation.invoke_async::<Vec<Vec<i64>>>(&mut manager))
-                    .await?
+                self.bounded(generation, timeout, invocation.invoke_async(&mut manager))
+                    .await
             }
             Connection::Cluster(mut cluster) => {
-                self.bounded(generation, invocation.invoke_async::<Vec<Vec<i64>>>(&mut cluster))
-                    .await?
+                self.bounded(generation, timeout, invocation.invoke_async(&mut cluster))
+                    .await
             }
-        };
-        parse_rows(reply, expected).map_err(|e| StoreError::Malformed(e.0))
+        }
     }
 
     /// PING (every master of a cluster).
@@ -197,12 +215,20 @@ impl RedisStore {
         let (connection, generation) = self.connection();
         match connection {
             Connection::Standalone(mut manager) => {
-                self.bounded(generation, ping.query_async::<String>(&mut manager))
-                    .await?;
+                self.bounded(
+                    generation,
+                    self.config.timeout,
+                    ping.query_async::<String>(&mut manager),
+                )
+                .await?;
             }
             Connection::Cluster(mut cluster) => {
-                self.bounded(generation, ping.query_async::<redis::Value>(&mut cluster))
-                    .await?;
+                self.bounded(
+                    generation,
+                    self.config.timeout,
+                    ping.query_async::<redis::Value>(&mut cluster),
+                )
+                .await?;
             }
         }
         Ok(())
@@ -230,9 +256,10 @@ impl RedisStore {
     async fn bounded<T>(
         &self,
         generation: u64,
+        timeout: Duration,
         operation: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
-        let error = match tokio::time::timeout(self.config.timeout, operation).await {
+        let error = match tokio::time::timeout(timeout, operation).await {
             Ok(Ok(value)) => {
                 self.mark_answered(generation);
                 return Ok(value);
