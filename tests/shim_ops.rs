@@ -421,3 +421,38 @@ fn the_first_check_after_an_idle_redis_restart_is_decided() {
         assert_eq!(reply.status, 200, "round {round}: {reply:?}");
     }
 }
+
+#[test]
+fn operator_endpoints_are_open_unless_told_to_require_the_token() {
+    let redis = Redis::start();
+    let open = Shim::start(&redis.url(), &["--token", "t0ken"]);
+    assert_eq!(
+        get(&open.url("/metrics"), &[]).status,
+        200,
+        "open by default, for Prometheus"
+    );
+    assert_eq!(get(&open.url("/readyz"), &[]).status, 200);
+    let guarded = Shim::start(&redis.url(), &["--token", "t0ken", "--token-for-operators"]);
+    for path in ["/metrics", "/readyz"] {
+        assert_eq!(
+            get(&guarded.url(path), &[]).status,
+            401,
+            "{path} without the token"
+        );
+        assert_eq!(
+            get(&guarded.url(path), &[("x-ratelimit-token", "wrong")]).status,
+            401,
+            "{path}"
+        );
+        assert_eq!(
+            get(&guarded.url(path), &[("x-ratelimit-token", "t0ken")]).status,
+            200,
+            "{path}"
+        );
+    }
+    assert_eq!(
+        get(&guarded.url("/healthz"), &[]).status,
+        200,
+        "liveness stays open"
+    );
+}

@@ -42,6 +42,10 @@ pub struct Args {
     /// a request's body is read: a caller without it is answered 401 at once.
     #[arg(long, env = "RLSHIM_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Require the token on GET /metrics and /readyz too (a Prometheus scrape then sends
+    /// it as the x-ratelimit-token header). /healthz stays open for liveness probes.
+    #[arg(long, env = "RLSHIM_TOKEN_FOR_OPERATORS")]
+    pub token_for_operators: bool,
     /// Serve without --token on an address other than loopback (any caller that reaches
     /// the port is then accepted). Without it, the shim refuses to start that way.
     #[arg(long, env = "RLSHIM_ALLOW_NO_TOKEN")]
@@ -54,8 +58,9 @@ pub struct Args {
     /// Keep it well under the open-file limit (ulimit -n), which Redis connections share.
     #[arg(long, env = "RLSHIM_MAX_CONNECTIONS", default_value_t = 512)]
     pub max_connections: usize,
-    /// Longest wait for a request's headers, in milliseconds (also for a connection's
-    /// first request, HTTP/2 included); the connection is then closed.
+    /// Longest wait for a connection's first request (its headers included), in
+    /// milliseconds, HTTP/1.1 and HTTP/2; the connection is then closed. A connection that
+    /// has made a request (past the token) is not timed while idle.
     #[arg(long, env = "RLSHIM_HEADER_TIMEOUT_MS", default_value_t = 5_000)]
     pub header_timeout_ms: u64,
     /// Longest wait for a check request's whole body, in milliseconds; past it, the
@@ -108,6 +113,7 @@ impl Args {
             },
             key_prefix: self.key_prefix.clone(),
             token: self.token.clone(),
+            token_for_operators: self.token_for_operators,
             max_in_flight: self.max_in_flight,
             max_connections: self.max_connections,
             header_timeout: Duration::from_millis(self.header_timeout_ms),

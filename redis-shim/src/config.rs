@@ -15,11 +15,13 @@ pub struct ShimConfig {
     pub key_prefix: String,
     /// Shared token callers must send in `x-ratelimit-token`, if set.
     pub token: Option<String>,
+    /// Whether `/metrics` and `/readyz` require the token too (`/healthz` never does).
+    pub token_for_operators: bool,
     /// Most check requests decided at once; more are answered 503 at once.
     pub max_in_flight: usize,
     /// Most connections open at once (see `connections.rs`).
     pub max_connections: usize,
-    /// Longest wait for a request's headers, and for a connection's first request.
+    /// Longest wait for a connection's first request (its headers included).
     pub header_timeout: Duration,
     /// Longest wait for a check request's body.
     pub body_timeout: Duration,
@@ -82,6 +84,7 @@ mod tests {
             },
             key_prefix: "rl:".into(),
             token: None,
+            token_for_operators: false,
             max_in_flight: 10,
             max_connections: 10,
             header_timeout: Duration::from_secs(1),

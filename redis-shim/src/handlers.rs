@@ -185,6 +185,28 @@ fn answer_outcome(answer: &CheckResponse) -> RequestOutcome {
     }
 }
 
+/// Whether the request carries the shim's token (always, when it has none).
+fn token_presented(shim: &Shim, headers: &HeaderMap) -> bool {
+    let Some(expected) = &shim.config.token else {
+        return true;
+    };
+    let presented = headers
+        .get(TOKEN_HEADER)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    constant_time_eq(presented, expected.as_bytes())
+}
+
+/// For `/metrics` and `/readyz`: a refusal when they require the token and it is not there.
+fn operator_refusal(shim: &Shim, headers: &HeaderMap) -> Option<Response> {
+    (shim.config.token_for_operators && !token_presented(shim, headers)).then(|| {
+        error(
+            StatusCode::UNAUTHORIZED,
+            format!("missing or wrong {TOKEN_HEADER}"),
+        )
+    })
+}
+
 /// What every check call passes, in this order: the shared token (before anything else,
 /// so a caller without it costs no permit and none of its body is read), the in-flight
 /// bound, then the body, read within its size limit and the body timeout while the
@@ -196,19 +218,13 @@ async fn admit<'a>(
     body: Body,
     max_body_bytes: usize,
 ) -> Result<(SemaphorePermit<'a>, Bytes), Refusal> {
-    if let Some(expected) = &shim.config.token {
-        let presented = headers
-            .get(TOKEN_HEADER)
-            .map(|v| v.as_bytes())
-            .unwrap_or_default();
-        if !constant_time_eq(presented, expected.as_bytes()) {
-            return Err(Refusal::new(
-                RequestOutcome::Unauthorized,
-                StatusCode::UNAUTHORIZED,
-                format!("missing or wrong {TOKEN_HEADER}"),
-            )
-            .closing());
-        }
+    if !token_presented(shim, headers) {
+        return Err(Refusal::new(
+            RequestOutcome::Unauthorized,
+            StatusCode::UNAUTHORIZED,
+            format!("missing or wrong {TOKEN_HEADER}"),
+        )
+        .closing());
     }
     let Some(permit) = shim.admission.try_admit() else {
         return Err(Refusal::new(
@@ -324,7 +340,10 @@ pub async fn healthz() -> Response {
 
 /// Readiness: 200 when Redis answers PING within the timeout and the shim is not
 /// shutting down, 503 otherwise.
-pub async fn readyz(State(shim): State<Arc<Shim>>) -> Response {
+pub async fn readyz(State(shim): State<Arc<Shim>>, headers: HeaderMap) -> Response {
+    if let Some(refusal) = operator_refusal(&shim, &headers) {
+        return refusal;
+    }
     if shim.draining.load(Ordering::SeqCst) {
         return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
     }
@@ -341,7 +360,10 @@ pub async fn readyz(State(shim): State<Arc<Shim>>) -> Response {
     }
 }
 
-pub async fn metrics(State(shim): State<Arc<Shim>>) -> Response {
+pub async fn metrics(State(shim): State<Arc<Shim>>, headers: HeaderMap) -> Response {
+    if let Some(refusal) = operator_refusal(&shim, &headers) {
+        return refusal;
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         shim.metrics.render(),
