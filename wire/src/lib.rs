@@ -199,6 +199,31 @@ impl fmt::Display for InvalidRequest {
 
 impl std::error::Error for InvalidRequest {}
 
+/// The bounds of a counter a check or a return names (`at` is its place, for the
+/// message): its key, and a limit and period its algorithm can hold.
+fn check_counter(
+    at: &str,
+    key: &str,
+    algorithm: Algorithm,
+    limit: u64,
+    period_ms: u64,
+) -> Result<(), InvalidRequest> {
+    let fail = |msg: String| Err(InvalidRequest(msg));
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return fail(format!("{at}.key: length must be 1..={MAX_KEY_LEN}"));
+    }
+    if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return fail(format!("{at}.key: must be printable ASCII"));
+    }
+    if let Err(bounds) = Limit::for_algorithm(limit, algorithm) {
+        return fail(format!("{at}.limit: {bounds}"));
+    }
+    if let Err(bounds) = Period::try_from(period_ms) {
+        return fail(format!("{at}.period_ms: {bounds}"));
+    }
+    Ok(())
+}
+
 impl BatchCheckRequest {
     /// Checks the batch's own bounds; each request is validated on its own.
     pub fn validate(&self) -> Result<(), InvalidRequest> {
@@ -212,18 +237,13 @@ impl BatchCheckRequest {
             return fail(format!("returns: at most {MAX_BATCH}"));
         }
         for (i, back) in self.returns.iter().enumerate() {
-            if back.key.is_empty()
-                || back.key.len() > MAX_KEY_LEN
-                || !back.key.bytes().all(|b| b.is_ascii_graphic())
-            {
-                return fail(format!("returns[{i}].key: 1..={MAX_KEY_LEN} printable ASCII"));
-            }
-            if let Err(bounds) = Limit::for_algorithm(back.limit, back.algorithm) {
-                return fail(format!("returns[{i}].limit: {bounds}"));
-            }
-            if let Err(bounds) = Period::try_from(back.period_ms) {
-                return fail(format!("returns[{i}].period_ms: {bounds}"));
-            }
+            check_counter(
+                &format!("returns[{i}]"),
+                &back.key,
+                back.algorithm,
+                back.limit,
+                back.period_ms,
+            )?;
             if back.amount == 0 || back.amount > back.limit {
                 return fail(format!("returns[{i}].amount: must be 1..=limit"));
             }
@@ -244,20 +264,15 @@ impl CheckRequest {
         }
         let mut seen = HashSet::new();
         for (i, check) in self.checks.iter().enumerate() {
-            if check.key.is_empty() || check.key.len() > MAX_KEY_LEN {
-                return fail(format!("checks[{i}].key: length must be 1..={MAX_KEY_LEN}"));
-            }
-            if !check.key.bytes().all(|b| b.is_ascii_graphic()) {
-                return fail(format!("checks[{i}].key: must be printable ASCII"));
-            }
+            check_counter(
+                &format!("checks[{i}]"),
+                &check.key,
+                check.algorithm,
+                check.limit,
+                check.period_ms,
+            )?;
             if !seen.insert(check.key.as_str()) {
                 return fail(format!("checks[{i}].key: duplicate key in one request"));
-            }
-            if let Err(bounds) = Limit::for_algorithm(check.limit, check.algorithm) {
-                return fail(format!("checks[{i}].limit: {bounds}"));
-            }
-            if let Err(bounds) = Period::try_from(check.period_ms) {
-                return fail(format!("checks[{i}].period_ms: {bounds}"));
             }
             if check.cost == 0 || check.cost > check.limit {
                 return fail(format!("checks[{i}].cost: must be 1..=limit"));
