@@ -73,6 +73,7 @@ pub struct LocalPass {
     /// Expired leftovers of earlier leases, to give back to the shim.
     pub returns: Vec<TokenReturn>,
     charges: Vec<Charge>,
+    probes: Vec<Probe>,
 }
 
 impl LocalPass {
@@ -107,6 +108,16 @@ impl Charge {
             ChargeKind::Lease => record.lease_tokens += self.cost,
         }
     }
+}
+
+/// A request asking the shim whether a counter's cached refusal has lifted: until
+/// `until_ms` the Envoy's other requests for the counter are still refused from the
+/// cache. Ended by the answer (a refusal caches anew, an admission clears the entry) or
+/// by the request's end without one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Probe {
+    fingerprint: u64,
+    until_ms: u64,
 }
 
 /// The shim's answer did not carry one result per check sent.
@@ -175,6 +186,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                     bucket: None,
                     lease: 0,
                     claim: None,
+                    probe: None,
                 },
             };
             let charge = |kind| Charge {
@@ -197,11 +209,17 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                     pass.charges.push(charge(ChargeKind::Bucket(rate)));
                     *state = CheckState::Known(result);
                 }
-                LocalStep::Shim { bucket, lease, claim } => {
+                LocalStep::Shim {
+                    bucket,
+                    lease,
+                    claim,
+                    probe,
+                } => {
                     if let Some(rate) = bucket {
                         pass.charges.push(charge(ChargeKind::Bucket(rate)));
                     }
                     pass.claims.extend(claim);
+                    pass.probes.extend(probe);
                     *state = CheckState::AskShim { lease };
                 }
                 LocalStep::Leased(result, bucket) => {
@@ -221,6 +239,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
         if pass.refused || pass.awaits_lease.is_some() {
             self.give_back(&std::mem::take(&mut pass.charges));
             self.release(&std::mem::take(&mut pass.claims));
+            self.end_probes(&std::mem::take(&mut pass.probes));
             for state in &mut pass.checks {
                 if let CheckState::AskShim { .. } = state {
                     *state = CheckState::Unknown;
@@ -228,6 +247,21 @@ impl<S: SlotStore> LocalLayer<'_, S> {
             }
         }
         pass
+    }
+
+    /// Ends the probes of a request that got its answer or will get none: an entry still
+    /// held by the probe is cleared, so that the next request asks the shim.
+    fn end_probes(&self, probes: &[Probe]) {
+        for probe in probes {
+            // Best effort: a hold that stays only lasts until its deadline.
+            let _ = self.update(probe.fingerprint, |record| {
+                let held = record.deny_until_ms == probe.until_ms;
+                if held {
+                    record.deny_until_ms = 0;
+                }
+                ((), held)
+            });
+        }
     }
 
     fn give_back(&self, charges: &[Charge]) {
@@ -297,6 +331,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
             }
         }
         pass.claims.clear();
+        self.end_probes(&std::mem::take(&mut pass.probes));
         let admitted = planned.iter().zip(&pass.checks).all(|(item, state)| {
             item.rule.shadow || matches!(state, CheckState::Known(result) if result.allowed)
         });
@@ -309,6 +344,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
     /// Applies each pending rule's failure mode after the shim gave no answer.
     pub fn fall_back(&self, planned: &[PlannedCheck], pass: &mut LocalPass, now_ms: u64) -> FallbackVerdict {
         self.release(&std::mem::take(&mut pass.claims));
+        self.end_probes(&std::mem::take(&mut pass.probes));
         let mut verdict = FallbackVerdict::Allow;
         for (item, state) in planned.iter().zip(pass.checks.iter_mut()) {
             if !matches!(state, CheckState::AskShim { .. }) {

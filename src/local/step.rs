@@ -4,7 +4,7 @@
 
 use super::lease::Claim;
 use super::slots::SlotRecord;
-use super::{LocalLayer, SlotStore};
+use super::{LocalLayer, Probe, SlotStore};
 use crate::config::Scope;
 use crate::plan::PlannedCheck;
 use crate::wire::{CheckResult, Rate};
@@ -19,11 +19,13 @@ pub(super) enum LocalStep {
     /// Served from the Envoy's lease (after charging the local bucket, if any).
     Leased(CheckResult, Option<Rate>),
     /// For the shim, after charging the local bucket (if any), asking for a lease of
-    /// `lease` tokens (0: none) when the request holds the acquisition `claim`.
+    /// `lease` tokens (0: none) when the request holds the acquisition `claim`; `probe`:
+    /// the request asks whether the counter's cached refusal has lifted (see [`Probe`]).
     Shim {
         bucket: Option<Rate>,
         lease: u64,
         claim: Option<Claim>,
+        probe: Option<Probe>,
     },
     /// This worker is acquiring the counter's lease: wait for it.
     AwaitLease,
@@ -43,13 +45,10 @@ impl<S: SlotStore> LocalLayer<'_, S> {
         let lease = rule.lease.filter(|_| rule.scope == Scope::Global);
         let lease_usable =
             lease.is_some() && record.lease_tokens >= check.cost && now_ms < record.lease_expires_ms;
+        let denies = self.config.deny_cache && !rule.shadow && check.cost >= record.deny_cost;
         // The deny cache never refuses what this Envoy's own lease can admit.
         if !lease_usable {
-            if self.config.deny_cache
-                && !rule.shadow
-                && record.deny_until_ms > now_ms
-                && check.cost >= record.deny_cost
-            {
+            if denies && record.deny_until_ms > now_ms {
                 let refusal = CheckResult {
                     allowed: false,
                     limit: check.limit,
@@ -112,11 +111,24 @@ impl<S: SlotStore> LocalLayer<'_, S> {
             }
             _ => None,
         };
+        // A refusal that lifted within the last timeout: this request asks the shim, and
+        // the Envoy's other requests for the counter stay refused until it answers (or
+        // its deadline passes), instead of all racing to the shim at the instant a busy
+        // bucket refills.
+        let hold_ms = self.config.shim.timeout_ms();
+        let probe = (denies && record.deny_until_ms > 0 && now_ms.saturating_sub(record.deny_until_ms) < hold_ms).then(|| {
+            record.deny_until_ms = now_ms + hold_ms;
+            Probe {
+                fingerprint: record.fingerprint,
+                until_ms: record.deny_until_ms,
+            }
+        });
         let step = LocalStep::Shim {
             bucket,
             lease: claim.and(lease).map_or(0, |lease| lease.size),
             claim,
+            probe,
         };
-        (step, bucket.is_some() || claim.is_some())
+        (step, bucket.is_some() || claim.is_some() || probe.is_some())
     }
 }

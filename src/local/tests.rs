@@ -219,6 +219,50 @@ fn a_denied_key_is_refused_locally_until_its_retry_time() {
 }
 
 #[test]
+fn a_lifted_refusal_sends_one_request_to_the_shim_and_holds_the_rest() {
+    let rule = r#"{"name": "g", "key": [{"header": "x-api-key"}], "limit": 100, "period": "1s"}"#;
+    let config = config(rule, r#""timeout": "200ms","#);
+    let store = MapStore::with_slots(&config);
+    let local = layer(&config, &store);
+    let planned = plan(&config, &request("abuser"));
+    let refuse = |pass: &mut LocalPass, now| {
+        let refusal = shim_result(false, 0, 10);
+        local.merge_answer(&planned, pass, &[refusal], now).unwrap();
+    };
+    let mut first = local.before_shim(&planned, 1_000);
+    refuse(&mut first, 1_000);
+    // The refusal lifts at 1,010: one request asks, the others are still refused.
+    let mut probe = local.before_shim(&planned, 1_010);
+    assert_eq!(probe.checks, [ask(0)]);
+    let held = local.before_shim(&planned, 1_011);
+    assert!(held.refused);
+    assert_eq!(known(&held, 0).retry_after_ms, 199);
+    // Refused again: cached anew for the answer's retry time, then one probe again.
+    refuse(&mut probe, 1_012);
+    assert!(local.before_shim(&planned, 1_021).refused);
+    let mut probe = local.before_shim(&planned, 1_022);
+    assert_eq!(probe.checks, [ask(0)]);
+    // Admitted: the entry is cleared and every request goes to the shim again.
+    local
+        .merge_answer(&planned, &mut probe, &[shim_result(true, 1, 0)], 1_023)
+        .unwrap();
+    assert_eq!(local.before_shim(&planned, 1_024).checks, [ask(0)]);
+    assert_eq!(local.before_shim(&planned, 1_024).checks, [ask(0)]);
+    // A probe the shim could not answer ends too: the rule's failure mode then decides
+    // the next requests, not a refusal cached before the shim went away.
+    let mut first = local.before_shim(&planned, 2_000);
+    refuse(&mut first, 2_000);
+    let mut probe = local.before_shim(&planned, 2_010);
+    assert_eq!(local.fall_back(&planned, &mut probe, 2_210), FallbackVerdict::Allow);
+    assert_eq!(local.before_shim(&planned, 2_211).checks, [ask(0)]);
+    // A refusal that lifted longer than a timeout ago holds nothing back.
+    let mut first = local.before_shim(&planned, 3_000);
+    refuse(&mut first, 3_000);
+    assert_eq!(local.before_shim(&planned, 3_500).checks, [ask(0)]);
+    assert_eq!(local.before_shim(&planned, 3_500).checks, [ask(0)]);
+}
+
+#[test]
 fn an_answer_that_does_not_match_the_checks_asked_changes_nothing() {
     let rule = r#"{"name": "g", "key": [{"header": "x-api-key"}], "limit": 100, "period": "1m"}"#;
     let config = config(rule, "");
