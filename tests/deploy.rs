@@ -2,7 +2,8 @@
 //! parses; docker-compose.yml references only files that exist; every shipped Envoy
 //! configuration (compose's, and the shape Istio generates from `deploy/istio`'s
 //! WasmPlugin) passes `envoy --mode validate` and runs against the real shim and Redis;
-//! the shim's Dockerfile builds with the Makefile's command; docs/ISTIO.md explains every
+//! every one has Envoy replace a crashed VM, and Envoy does so with that setting; the
+//! shim's Dockerfile builds with the Makefile's command; docs/ISTIO.md explains every
 //! value the manifests hold.
 //!
 //! Container paths and hostnames are rewritten to local ones for these runs only.
@@ -14,6 +15,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 use support::*;
 
 /// Where the compose file mounts the filter inside the Envoy container.
@@ -600,6 +602,219 @@ fn istio_doc_explains_every_value_of_the_manifests() {
         assert!(doc.contains(file), "docs/ISTIO.md does not name {file}");
         assert!(repo_root().join(file).is_file(), "{file} missing");
     }
+}
+
+// ---- Crash recovery ----
+
+/// Envoy's `PluginConfig` (the `config` object) of the one wasm filter in a bootstrap.
+fn wasm_plugin_settings(bootstrap: &Value) -> Value {
+    let mut found = Vec::new();
+    let mut bootstrap = bootstrap.clone();
+    visit_objects(&mut bootstrap, &mut |map| {
+        if map.get("@type").and_then(Value::as_str)
+            == Some("type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm")
+        {
+            found.push(map["config"].clone());
+        }
+    });
+    assert_eq!(found.len(), 1, "one wasm filter expected");
+    found.remove(0)
+}
+
+/// What Envoy does with a VM that crashed, as each shipped configuration sets it (the
+/// Istio one as istiod translates the WasmPlugin).
+fn shipped_crash_policies() -> Vec<(&'static str, Value)> {
+    let policy = |config: Value| {
+        json!({
+            "failure_policy": config["failure_policy"],
+            "reload_config": config["reload_config"],
+        })
+    };
+    vec![
+        (
+            "envoy.yaml",
+            policy(wasm_plugin_settings(&yaml_file(&repo_root().join("envoy.yaml")))),
+        ),
+        (
+            "deploy/compose/envoy.yaml",
+            policy(wasm_plugin_settings(&yaml_file(
+                &repo_root().join("deploy/compose/envoy.yaml"),
+            ))),
+        ),
+        (
+            "deploy/istio/wasmplugin.yaml",
+            policy(istio_wasm_filter(&wasm_plugin())["typed_config"]["config"].clone()),
+        ),
+    ]
+}
+
+#[test]
+fn every_shipped_config_replaces_a_crashed_vm() {
+    for (file, policy) in shipped_crash_policies() {
+        assert_eq!(
+            policy["failure_policy"], "FAIL_RELOAD",
+            "{file}: a crashed VM must be replaced (docs/ISTIO.md, \"Crash recovery\")"
+        );
+        // The WasmPlugin has no field for the backoff, so the gateway has Envoy's default
+        // (1 s): the other configurations set the same, explicitly.
+        let expected = if file.starts_with("deploy/istio") {
+            Value::Null
+        } else {
+            json!({ "backoff": { "base_interval": "1s" } })
+        };
+        assert_eq!(policy["reload_config"], expected, "{file}");
+    }
+}
+
+/// A proxy-wasm module, assembled here so no toolchain is needed, whose VM lets its first
+/// request through and traps (`unreachable`) on its second: a fresh VM's first request
+/// passes again. Just what Envoy needs to run it: the ABI version marker, `malloc`,
+/// `memory` and the context callbacks; its root context accepts any configuration.
+fn module_trapping_on_its_second_request() -> Vec<u8> {
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    fn vector(items: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        leb(items.len(), &mut out);
+        items.iter().for_each(|item| out.extend(item));
+        out
+    }
+    fn section(id: u8, payload: Vec<u8>, module: &mut Vec<u8>) {
+        module.push(id);
+        leb(payload.len(), module);
+        module.extend(payload);
+    }
+    const I32: u8 = 0x7f;
+    let func_type = |params: &[u8], results: &[u8]| {
+        let mut out = vec![0x60];
+        out.extend(vector(&params.iter().map(|p| vec![*p]).collect::<Vec<_>>()));
+        out.extend(vector(&results.iter().map(|r| vec![*r]).collect::<Vec<_>>()));
+        out
+    };
+    let types = [
+        func_type(&[], &[]),
+        func_type(&[I32, I32], &[]),
+        func_type(&[I32, I32], &[I32]),
+        func_type(&[I32, I32, I32], &[I32]),
+        func_type(&[I32], &[I32]),
+    ];
+    // (export name, type, body without locals or the final `end`)
+    let functions: [(&str, usize, &[u8]); 6] = [
+        ("proxy_abi_version_0_2_1", 0, &[]),
+        ("proxy_on_context_create", 1, &[]),
+        ("proxy_on_vm_start", 2, &[0x41, 0x01]),  // true
+        ("proxy_on_configure", 2, &[0x41, 0x01]), // true
+        (
+            "proxy_on_request_headers",
+            3,
+            &[
+                0x23, 0x00, 0x41, 0x01, 0x46, // requests_seen == 1
+                0x04, 0x40, 0x00, 0x0b, // if so: unreachable (the trap)
+                0x23, 0x00, 0x41, 0x01, 0x6a, 0x24, 0x00, // requests_seen += 1
+                0x41, 0x00, // Continue
+            ],
+        ),
+        ("malloc", 4, &[0x41, 0x80, 0x08]), // a fixed buffer at 1024
+    ];
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    section(1, vector(&types), &mut module);
+    let indices: Vec<Vec<u8>> = functions.iter().map(|f| vec![f.1 as u8]).collect();
+    section(3, vector(&indices), &mut module);
+    section(5, vector(&[vec![0x00, 0x01]]), &mut module); // one page of memory
+    section(6, vector(&[vec![I32, 0x01, 0x41, 0x00, 0x0b]]), &mut module); // requests_seen
+    let mut exports: Vec<Vec<u8>> = functions
+        .iter()
+        .enumerate()
+        .map(|(index, (name, _, _))| {
+            let mut export = vector(&name.bytes().map(|b| vec![b]).collect::<Vec<_>>());
+            export.extend([0x00, index as u8]);
+            export
+        })
+        .collect();
+    exports.push(b"\x06memory\x02\x00".to_vec());
+    section(7, vector(&exports), &mut module);
+    let bodies: Vec<Vec<u8>> = functions
+        .iter()
+        .map(|(_, _, code)| {
+            let mut body = vec![0x00]; // no locals
+            body.extend(*code);
+            body.push(0x0b);
+            let mut sized = Vec::new();
+            leb(body.len(), &mut sized);
+            sized.extend(body);
+            sized
+        })
+        .collect();
+    section(10, vector(&bodies), &mut module);
+    module
+}
+
+#[test]
+fn the_shipped_crash_policy_gives_a_crashed_vm_a_fresh_one() {
+    let policies = shipped_crash_policies();
+    let (_, policy) = &policies[0];
+    let dir = scratch("crash");
+    let module = dir.join("traps-on-second-request.wasm");
+    fs::write(&module, module_trapping_on_its_second_request()).unwrap();
+    let mut config = envoy_config(refusing_port(), &json!({}));
+    config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        ["http_filters"][0] = json!({
+        "name": "envoy.filters.http.wasm",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": "ratelimit",
+                "root_id": "ratelimit",
+                "vm_config": {
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": { "local": { "filename": module } }
+                },
+                "failure_policy": policy["failure_policy"],
+                "reload_config": policy["reload_config"]
+            }
+        }
+    });
+    let envoy = Envoy::start_bootstrap(&config);
+    let reloads = || envoy.stat("wasm.ratelimit.vm_reload_success");
+    let client = agent();
+
+    // Each worker's VM traps on its second request: with two workers, one has by the third.
+    let statuses: Vec<u16> = (0..3)
+        .map(|_| get_with(&client, &envoy.url("/"), &[]).status)
+        .collect();
+    assert_eq!(statuses[0], 200, "{statuses:?}");
+    assert!(
+        statuses.contains(&503),
+        "no VM crashed: {statuses:?}\n{}",
+        envoy.process.log_text()
+    );
+    assert_eq!(reloads(), 0);
+
+    // Requests go on; the one for which Envoy replaces the crashed VM is decided by the
+    // fresh VM (its first request: 200). Until then that worker answers 503.
+    let mut decided_by_fresh_vm = None;
+    wait_until("a fresh VM for the crashed one", Duration::from_secs(60), || {
+        let status = get_with(&client, &envoy.url("/"), &[]).status;
+        if reloads() == 0 {
+            return false;
+        }
+        decided_by_fresh_vm = Some(status);
+        true
+    });
+    assert_eq!(decided_by_fresh_vm, Some(200), "{}", envoy.process.log_text());
+    assert!(envoy
+        .process
+        .log_text()
+        .contains("proxy_on_request_headers failed"));
 }
 
 // ---- The shim's container image ----
