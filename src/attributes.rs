@@ -111,7 +111,10 @@ impl RequestAttributes for GivenRequest {
         self.source_address.clone()
     }
     fn jwt_claim(&self, name: &str) -> Option<String> {
-        self.claims.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+        self.claims
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
     }
 }
 

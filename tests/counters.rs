@@ -87,7 +87,11 @@ fn show_reports_a_refused_client_without_charging_and_reset_lets_it_through() {
         let per_key = rule(&shown, "per-api-key");
         assert_eq!(per_key["status"], "counted", "{shown}");
         assert_eq!(per_key["remaining"], 2, "{shown}");
-        assert_eq!(shown["rules"].as_array().unwrap().len(), 1, "only the rule asked for");
+        assert_eq!(
+            shown["rules"].as_array().unwrap().len(),
+            1,
+            "only the rule asked for"
+        );
     }
     assert_eq!(request("abc").status, 200);
     assert_eq!(request("abc").status, 200);
@@ -116,19 +120,43 @@ fn show_reports_a_refused_client_without_charging_and_reset_lets_it_through() {
     // The table an operator reads says the same.
     let url = shim.url("");
     let table = counters(&[
-        "show", "--config", config.to_str().unwrap(), "--shim", &url,
-        "--token", ADMIN_TOKEN, "--header", "x-api-key=abc", "--client-ip", "127.0.0.1",
+        "show",
+        "--config",
+        config.to_str().unwrap(),
+        "--shim",
+        &url,
+        "--token",
+        ADMIN_TOKEN,
+        "--header",
+        "x-api-key=abc",
+        "--client-ip",
+        "127.0.0.1",
     ]);
     let table = String::from_utf8(table.stdout).unwrap();
-    for expected in ["RETRY-AFTER", "per-api-key", "3/1m", "refused", "no Redis counter", "does not apply"] {
+    for expected in [
+        "RETRY-AFTER",
+        "per-api-key",
+        "3/1m",
+        "refused",
+        "no Redis counter",
+        "does not apply",
+    ] {
         assert!(table.contains(expected), "{expected:?} not in\n{table}");
     }
 
     let reset = counters_json("reset", &config, &shim, "abc", &["--rule", "per-api-key"]);
     assert_eq!(rule(&reset, "per-api-key")["deleted"], true, "{reset}");
-    assert_eq!(rule(&reset, "per-api-key")["remaining"], 0, "the state before: {reset}");
+    assert_eq!(
+        rule(&reset, "per-api-key")["remaining"],
+        0,
+        "the state before: {reset}"
+    );
     assert_eq!(request("abc").status, 200, "the next request after the reset");
-    assert_eq!(request("other").status, 429, "another client's counter is untouched");
+    assert_eq!(
+        request("other").status,
+        429,
+        "another client's counter is untouched"
+    );
     let shown = counters_json("show", &config, &shim, "abc", &["--rule", "per-api-key"]);
     assert_eq!(rule(&shown, "per-api-key")["remaining"], 2, "{shown}");
 }
@@ -187,11 +215,25 @@ fn the_admin_endpoints_always_require_their_token() {
     fs::write(&config, plugin_config().to_string()).unwrap();
     let config = config.to_str().unwrap();
     let url = separate.url("");
-    let base = ["show", "--config", config, "--shim", &url, "--header", "x-api-key=k"];
+    let base = [
+        "show",
+        "--config",
+        config,
+        "--shim",
+        &url,
+        "--header",
+        "x-api-key=k",
+    ];
     let without = counters(&base);
     assert!(!without.status.success());
-    assert!(String::from_utf8_lossy(&without.stderr).contains("--token"), "{without:?}");
+    assert!(
+        String::from_utf8_lossy(&without.stderr).contains("--token"),
+        "{without:?}"
+    );
     let wrong = counters(&[&base[..], &["--token", ENVOY_TOKEN]].concat());
     assert!(!wrong.status.success());
-    assert!(String::from_utf8_lossy(&wrong.stderr).contains("401"), "{wrong:?}");
+    assert!(
+        String::from_utf8_lossy(&wrong.stderr).contains("401"),
+        "{wrong:?}"
+    );
 }

@@ -38,7 +38,11 @@ pub struct ResetAnswer {
 }
 
 /// The counters asked about, with their Redis keys; or the refusal to answer.
-async fn admitted(shim: &Shim, headers: &HeaderMap, body: Body) -> Result<(CheckRequest, Vec<String>), Response> {
+async fn admitted(
+    shim: &Shim,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(CheckRequest, Vec<String>), Response> {
     let Some(expected) = shim.config.admin_token.as_ref().or(shim.config.token.as_ref()) else {
         return Err(error(
             StatusCode::FORBIDDEN,

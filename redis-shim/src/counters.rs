@@ -57,7 +57,7 @@ pub struct CountersArgs {
 
 fn name_value(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
-        Some((name, value)) if !name.is_empty() => Ok((name.to_ascii_lowercase(), value.to_string())),
+        Some((name, value)) if !name.is_empty() => Ok((name.to_string(), value.to_string())),
         _ => Err(format!("{text:?} is not NAME=VALUE")),
     }
 }
@@ -127,7 +127,11 @@ fn why_not(rule: &Rule, request: &impl RequestAttributes, hops: u32) -> String {
     if !rule.matcher.matches(request) {
         return "does not apply: its match does not select this request".into();
     }
-    match rule.key.iter().find(|part| part_value(part, request, hops).is_none()) {
+    match rule
+        .key
+        .iter()
+        .find(|part| part_value(part, request, hops).is_none())
+    {
         Some(part) => format!("does not apply: the request has no {}", describe(part)),
         None => "does not apply".into(),
     }
@@ -195,7 +199,11 @@ fn execute(args: &CountersArgs, reset: bool) -> Result<String, String> {
 }
 
 /// POSTs `body` to the shim's admin endpoint `path` and reads its JSON answer.
-fn call<T: serde::de::DeserializeOwned>(args: &CountersArgs, path: &str, body: &CheckRequest) -> Result<T, String> {
+fn call<T: serde::de::DeserializeOwned>(
+    args: &CountersArgs,
+    path: &str,
+    body: &CheckRequest,
+) -> Result<T, String> {
     let Some(token) = &args.token else {
         return Err("the admin endpoints need the shim's token: --token or RLSHIM_ADMIN_TOKEN".into());
     };
@@ -265,10 +273,10 @@ fn period(ms: u64) -> String {
     format!("{ms}ms")
 }
 
-/// The notes of a counted rule: tier, cost, shadow, refused.
-fn counted_notes(planned: &PlannedCheck, tier: Option<&str>, result: Option<&CheckResult>) -> String {
+/// The notes of a counted rule shown: refused, tier, cost, shadow.
+fn counted_notes(planned: &PlannedCheck, tier: Option<&str>, shown: Option<&CheckResult>) -> String {
     let mut notes = vec![];
-    if result.is_some_and(|r| !r.allowed) {
+    if shown.is_some_and(|r| !r.allowed) {
         notes.push("refused".to_string());
     }
     if let Some(tier) = tier {
@@ -293,9 +301,17 @@ fn render_table(
     let mut lines: Vec<Vec<String>> = vec![if reset {
         ["RULE", "KEY", "RESULT", "NOTE"].map(String::from).to_vec()
     } else {
-        ["RULE", "KEY", "LIMIT", "REMAINING", "RESET", "RETRY-AFTER", "NOTE"]
-            .map(String::from)
-            .to_vec()
+        [
+            "RULE",
+            "KEY",
+            "LIMIT",
+            "REMAINING",
+            "RESET",
+            "RETRY-AFTER",
+            "NOTE",
+        ]
+        .map(String::from)
+        .to_vec()
     }];
     let mut counted = 0;
     for row in rows {
@@ -305,7 +321,7 @@ fn render_table(
                 let result = results.get(counted);
                 let was_deleted = deleted.and_then(|d| d.get(counted)).copied();
                 counted += 1;
-                let note = counted_notes(planned, row.tier.as_deref(), result);
+                let note = counted_notes(planned, row.tier.as_deref(), result.filter(|_| !reset));
                 let key = planned.check.key.clone();
                 if reset {
                     let outcome = match (was_deleted, result) {
@@ -323,8 +339,16 @@ fn render_table(
                             key,
                             limit,
                             r.remaining.to_string(),
-                            duration(r.reset_ms),
-                            if r.allowed { dash() } else { duration(r.retry_after_ms) },
+                            if r.reset_ms == 0 {
+                                dash()
+                            } else {
+                                duration(r.reset_ms)
+                            },
+                            if r.allowed {
+                                dash()
+                            } else {
+                                duration(r.retry_after_ms)
+                            },
                             note,
                         ],
                         None => vec![row.name.clone(), key, limit, dash(), dash(), dash(), note],
@@ -348,7 +372,13 @@ fn render_table(
     }
     let columns = lines.first().map_or(0, Vec::len);
     let widths: Vec<usize> = (0..columns)
-        .map(|c| lines.iter().map(|l| l.get(c).map_or(0, String::len)).max().unwrap_or(0))
+        .map(|c| {
+            lines
+                .iter()
+                .map(|l| l.get(c).map_or(0, String::len))
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let mut out: Vec<String> = lines
         .iter()
@@ -410,4 +440,67 @@ fn render_json(
         .collect();
     let action = if reset { "reset" } else { "show" };
     json!({ "action": action, "rules": rules, "notes": notes }).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    const CONFIG: &str = r#"{
+        "shim_cluster": "shim",
+        "rules": [
+            {"name": "per-key", "key": [{"header": "x-api-key"}], "limit": 10, "period": "1m",
+             "tiers": [{"name": "vip", "when": {"header": "x-api-key", "prefix": "vip:"}, "limit": 100}]},
+            {"name": "per-envoy", "scope": "local", "key": ["client_ip"], "limit": 5, "period": "1s"},
+            {"name": "search", "match": {"path_prefix": "/search"}, "key": ["client_ip"], "limit": 3, "period": "1m"},
+            {"name": "per-user", "key": [{"jwt_claim": "sub"}], "limit": 3, "period": "1m"}
+        ]
+    }"#;
+
+    fn args(flags: &[&str]) -> CountersArgs {
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: CountersArgs,
+        }
+        Wrapper::try_parse_from(["counters", "--config", "unused"].iter().chain(flags))
+            .unwrap()
+            .args
+    }
+
+    #[test]
+    fn each_rule_is_counted_local_or_explained() {
+        let config = FilterConfig::from_json(CONFIG.as_bytes()).unwrap();
+        let given = given_request(&args(&[
+            "--header",
+            "X-Api-Key=vip:1",
+            "--client-ip",
+            "192.0.2.1",
+        ]));
+        let rows = rule_rows(&config, &given, &[]);
+        let summary: Vec<(&str, String)> = rows
+            .iter()
+            .map(|row| {
+                let state = match &row.state {
+                    State::Counted(planned) => format!("{} {}", planned.check.key, planned.check.limit),
+                    State::Local => "local".into(),
+                    State::NotApplicable(why) => why.clone(),
+                };
+                (row.name.as_str(), state)
+            })
+            .collect();
+        assert!(summary[0].1.starts_with("per-key/tb60000:{") && summary[0].1.ends_with(" 100"));
+        assert_eq!(rows[0].tier.as_deref(), Some("vip"));
+        assert_eq!(summary[1].1, "local");
+        assert!(summary[2].1.contains("match"), "{summary:?}");
+        assert!(summary[3].1.contains("claim sub"), "{summary:?}");
+        // Only the rules asked for.
+        let only = rule_rows(&config, &given, &["per-user".to_string()]);
+        assert_eq!(only.len(), 1);
+        // A claim names its value case and all, as a verified JWT would.
+        let claimed = given_request(&args(&["--claim", "Sub=Alice"]));
+        assert_eq!(claimed.jwt_claim("Sub").as_deref(), Some("Alice"));
+        assert!(name_value("no-equals").is_err());
+    }
 }

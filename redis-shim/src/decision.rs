@@ -192,7 +192,11 @@ pub async fn give_back<S: Store>(
 
 /// The state of `checks`, whose Redis keys (prefixed) are `keys`, charging nothing:
 /// check.lua in peek mode, slot by slot. What `redis-shim counters show` reports.
-pub async fn peek<S: Store>(store: &S, keys: &[String], checks: &[Check]) -> Result<Vec<CheckResult>, StoreError> {
+pub async fn peek<S: Store>(
+    store: &S,
+    keys: &[String],
+    checks: &[Check],
+) -> Result<Vec<CheckResult>, StoreError> {
     let mut rows: Vec<Option<Row>> = vec![None; checks.len()];
     for group in store.group_by_slot(keys) {
         let group_rows = run_group(store, Mode::Peek, &group, keys, checks).await?;
@@ -633,7 +637,10 @@ mod tests {
         let results = super::peek(&store, &keys(&checks), &checks).await.unwrap();
         assert_eq!(store.calls(), vec![peek(&["user:{a}"]), peek(&["ip:{b}"])]);
         assert_eq!(
-            results.iter().map(|r| (r.allowed, r.remaining, r.granted)).collect::<Vec<_>>(),
+            results
+                .iter()
+                .map(|r| (r.allowed, r.remaining, r.granted))
+                .collect::<Vec<_>>(),
             [(false, 0, 0), (true, 4, 0)]
         );
         assert_eq!((store.taken("user:{a}"), store.taken("ip:{b}")), (5, 1));
