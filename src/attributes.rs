@@ -86,8 +86,9 @@ pub fn is_header_name(name: &str) -> bool {
 }
 
 /// A request described by plain values (an operator's command line, say), so that a tool
-/// keys and plans it exactly as the filter does. Names are lower-case; a header given
-/// several times is one value, its values joined with `,` as [`combined_header`] does.
+/// keys and plans it exactly as the filter does. Header names match whatever their case;
+/// a header given several times is one value, its values joined with `,` as
+/// [`combined_header`] does for Envoy's headers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GivenRequest {
     /// Header names and values, `:path` and `:method` included.

@@ -355,16 +355,15 @@ fn render_table(
                     }
                 }
             }
-            State::Local => {
-                let mut line = vec![row.name.clone(), dash()];
-                line.extend((0..if reset { 1 } else { 4 }).map(|_| dash()));
-                line.push(LOCAL_NOTE.into());
-                line
-            }
-            State::NotApplicable(why) => {
-                let mut line = vec![row.name.clone(), dash()];
-                line.extend((0..if reset { 1 } else { 4 }).map(|_| dash()));
-                line.push(why.clone());
+            State::Local | State::NotApplicable(_) => {
+                let note = match &row.state {
+                    State::NotApplicable(why) => why.clone(),
+                    _ => LOCAL_NOTE.to_string(),
+                };
+                let blanks = if reset { 2 } else { 5 };
+                let mut line = vec![row.name.clone()];
+                line.extend((0..blanks).map(|_| dash()));
+                line.push(note);
                 line
             }
         };
