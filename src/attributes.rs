@@ -1,6 +1,7 @@
 //! What the filter reads from a request: headers, the peer's address and verified JWT
-//! claims, behind a trait that the host layer implements over Envoy and tests over
-//! plain values. Matching, keys and tiers all read requests through it.
+//! claims, behind a trait that the host layer implements over Envoy, and tests and the
+//! operator's `redis-shim counters` over plain values ([`GivenRequest`]). Matching, keys
+//! and tiers all read requests through it.
 
 /// What the filter needs to know about a request; the host layer implements it over
 /// Envoy's header map and properties, tests over plain values.
@@ -84,6 +85,40 @@ pub fn is_header_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
 }
 
+/// A request described by plain values (an operator's command line, say), so that a tool
+/// keys and plans it exactly as the filter does. Header names match whatever their case;
+/// a header given several times is one value, its values joined with `,` as
+/// [`combined_header`] does for Envoy's headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GivenRequest {
+    /// Header names and values, `:path` and `:method` included.
+    pub headers: Vec<(String, String)>,
+    /// `source.address`: an IP, or `ip:port`.
+    pub source_address: Option<String>,
+    /// Verified JWT claims, as text.
+    pub claims: Vec<(String, String)>,
+}
+
+impl RequestAttributes for GivenRequest {
+    fn header(&self, name: &str) -> Option<String> {
+        let pairs: Vec<(String, Vec<u8>)> = self
+            .headers
+            .iter()
+            .map(|(n, v)| (n.to_ascii_lowercase(), v.clone().into_bytes()))
+            .collect();
+        combined_header(&pairs, name)
+    }
+    fn source_address(&self) -> Option<String> {
+        self.source_address.clone()
+    }
+    fn jwt_claim(&self, name: &str) -> Option<String> {
+        self.claims
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{claim_text, combined_header, header_text};
@@ -130,6 +165,25 @@ mod tests {
             combined_header(&pairs(&["rotating-2", "fixed"]), "x-api-key")
         );
         assert_eq!(combined_header(&pairs(&["a"]), "missing"), None);
+    }
+
+    #[test]
+    fn a_given_request_reads_as_the_filter_reads_envoy() {
+        use super::{GivenRequest, RequestAttributes};
+        let given = GivenRequest {
+            headers: vec![
+                (":path".into(), "/export?x=1".into()),
+                ("X-Api-Key".into(), "a".into()),
+                ("x-api-key".into(), "b".into()),
+            ],
+            source_address: Some("192.0.2.7".into()),
+            claims: vec![("sub".into(), "alice".into())],
+        };
+        assert_eq!(given.header("x-api-key").as_deref(), Some("a,b"));
+        assert_eq!(given.path().as_deref(), Some("/export?x=1"));
+        assert_eq!(given.method(), None);
+        assert_eq!(given.jwt_claim("sub").as_deref(), Some("alice"));
+        assert_eq!(given.jwt_claim("tier"), None);
     }
 
     // Regression: every header value that was not UTF-8 decoded to the same text.

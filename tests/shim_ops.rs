@@ -381,6 +381,7 @@ fn help_lists_every_flag_and_its_environment_variable() {
         ("--redis-timeout-ms", "RLSHIM_REDIS_TIMEOUT_MS"),
         ("--key-prefix", "RLSHIM_KEY_PREFIX"),
         ("--token", "RLSHIM_TOKEN"),
+        ("--admin-token", "RLSHIM_ADMIN_TOKEN"),
         ("--max-in-flight", "RLSHIM_MAX_IN_FLIGHT"),
         ("--shutdown-timeout-ms", "RLSHIM_SHUTDOWN_TIMEOUT_MS"),
         ("--log-format", "RLSHIM_LOG_FORMAT"),

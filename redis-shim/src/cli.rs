@@ -1,20 +1,25 @@
-//! The shim's command line: flags and environment variables into a [`ShimConfig`].
+//! The shim's command line: flags and environment variables into a [`ShimConfig`], and
+//! the `counters` command ([`crate::counters`]) that talks to a running shim.
 //!
 //! In the library, not the binary, so tests start the shim in-process with exactly the
 //! flags an operator would pass.
 
 use crate::config::ShimConfig;
+use crate::counters::CountersArgs;
 use crate::store::RedisConfig;
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 /// Runs ratelimit-wasm's checks as atomic Lua scripts in Redis.
 ///
-/// Every flag can also be set by the environment variable shown with it.
+/// Every flag can also be set by the environment variable shown with it. Without a
+/// command, the shim serves.
 #[derive(Parser, Debug)]
 #[command(name = "redis-shim", version, about)]
 pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<Command>,
     /// Address to listen on (HTTP/1.1 and HTTP/2 cleartext). Loopback by default:
     /// expose it deliberately.
     #[arg(long, env = "RLSHIM_LISTEN", default_value = "127.0.0.1:8400")]
@@ -42,6 +47,11 @@ pub struct Args {
     /// a request's body is read: a caller without it is answered 401 at once.
     #[arg(long, env = "RLSHIM_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Token the admin endpoints (/v1/admin/counters/..., used by `redis-shim counters`)
+    /// require, sent in x-ratelimit-token; --token when not set. With neither, the admin
+    /// endpoints are refused.
+    #[arg(long, env = "RLSHIM_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
     /// Require the token on GET /metrics and /readyz too (a Prometheus scrape then sends
     /// it as the x-ratelimit-token header). /healthz stays open for liveness probes.
     #[arg(long, env = "RLSHIM_TOKEN_FOR_OPERATORS")]
@@ -73,6 +83,23 @@ pub struct Args {
     /// Log lines as human-readable text or as JSON objects. Levels: RUST_LOG.
     #[arg(long, env = "RLSHIM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Show or reset one client's counters on a running shim, keyed from the filter's
+    /// plugin configuration exactly as the filter keys them.
+    #[command(subcommand)]
+    Counters(CountersCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CountersCommand {
+    /// Each rule's state for the request described (remaining, reset, retry-after),
+    /// charging nothing.
+    Show(CountersArgs),
+    /// Deletes the request's counters: its next request meets full limits.
+    Reset(CountersArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -113,6 +140,7 @@ impl Args {
             },
             key_prefix: self.key_prefix.clone(),
             token: self.token.clone(),
+            admin_token: self.admin_token.clone(),
             token_for_operators: self.token_for_operators,
             max_in_flight: self.max_in_flight,
             max_connections: self.max_connections,

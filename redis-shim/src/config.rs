@@ -15,6 +15,9 @@ pub struct ShimConfig {
     pub key_prefix: String,
     /// Shared token callers must send in `x-ratelimit-token`, if set.
     pub token: Option<String>,
+    /// The token the admin endpoints (`/v1/admin/...`) require, if not `token`. With
+    /// neither set they are refused: they read and reset any client's counters.
+    pub admin_token: Option<String>,
     /// Whether `/metrics` and `/readyz` require the token too (`/healthz` never does).
     pub token_for_operators: bool,
     /// Most check requests decided at once; more are answered 503 at once.
@@ -63,7 +66,7 @@ impl ShimConfig {
         if self.header_timeout.is_zero() || self.body_timeout.is_zero() {
             return Err("header and body timeouts: must be positive".into());
         }
-        if self.token.as_deref() == Some("") {
+        if self.token.as_deref() == Some("") || self.admin_token.as_deref() == Some("") {
             return Err("token: must not be empty when set".into());
         }
         Ok(())
@@ -84,6 +87,7 @@ mod tests {
             },
             key_prefix: "rl:".into(),
             token: None,
+            admin_token: None,
             token_for_operators: false,
             max_in_flight: 10,
             max_connections: 10,
@@ -135,6 +139,13 @@ mod tests {
             (
                 ShimConfig {
                     token: Some(String::new()),
+                    ..config()
+                },
+                "token",
+            ),
+            (
+                ShimConfig {
+                    admin_token: Some(String::new()),
                     ..config()
                 },
                 "token",

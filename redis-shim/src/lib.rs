@@ -5,7 +5,9 @@
 //! `CheckResponse`. The filter posts several requests' checks at once to
 //! `POST /v1/check-batch`, each decided the same way. `GET /healthz` (the process
 //! serves), `GET /readyz` (Redis answers, not draining) and `GET /metrics` (Prometheus)
-//! are for operators. The wire types are in the `ratelimit-wire` crate.
+//! are for operators, and so are `POST /v1/admin/counters/show` and `/reset` (always
+//! behind a token), which the `redis-shim counters` command calls. The wire types are
+//! in the `ratelimit-wire` crate.
 //!
 //! One concept per module, from the edge inwards:
 //!
@@ -18,6 +20,9 @@
 //! - `connections`: the connection cap, which closes idle connections to make room.
 //! - `handlers`: each endpoint: the token and body checks, status codes, and the
 //!   counting ([`metrics`]) and logging of every decision.
+//! - [`admin`]: the admin endpoints: counters peeked at or reset, behind the token.
+//! - [`counters`]: the `redis-shim counters` command, a client of [`admin`] that keys
+//!   requests with the filter's own code (the `ratelimit-wasm` crate).
 //! - `body`: reading a check's body within its size limit and the body timeout.
 //! - `admission`: the in-flight bound.
 //! - [`decision`]: one request decided against a [`store::Store`], all or nothing across
@@ -27,11 +32,13 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+pub mod admin;
 mod admission;
 mod body;
 pub mod cli;
 pub mod config;
 mod connections;
+pub mod counters;
 pub mod decision;
 mod handlers;
 pub mod metrics;

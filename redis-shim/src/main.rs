@@ -1,15 +1,23 @@
 //! `redis-shim` binary: flags and environment ([`redis_shim::cli`]) into a shim config,
-//! logging set up, then [`run`] until SIGTERM or Ctrl-C.
+//! logging set up, then [`run`] until SIGTERM or Ctrl-C; or, with the `counters`
+//! command, an operator's client of a running shim ([`redis_shim::counters`]).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 use clap::Parser;
-use redis_shim::cli::{Args, LogFormat};
+use redis_shim::cli::{Args, Command, LogFormat};
 use redis_shim::run;
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let args = Args::parse();
+    if let Some(Command::Counters(command)) = &args.command {
+        std::process::exit(redis_shim::counters::run(command));
+    }
+    serve(args)
+}
+
+#[tokio::main]
+async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)

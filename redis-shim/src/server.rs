@@ -8,6 +8,7 @@
 //! if its first request does not start within that timeout either (which covers a
 //! client that sends nothing, or stalls in the HTTP/2 preface, where hyper has no timer).
 
+use crate::admin;
 use crate::config::ShimConfig;
 use crate::connections::{ConnectionGuard, Connections};
 use crate::handlers::{self, Shim};
@@ -50,6 +51,8 @@ pub async fn run(
         .route("/healthz", get(handlers::healthz))
         .route("/readyz", get(handlers::readyz))
         .route("/metrics", get(handlers::metrics))
+        .route(admin::SHOW_PATH, post(admin::show))
+        .route(admin::RESET_PATH, post(admin::reset))
         .with_state(shim.clone());
 
     let mut builder = auto::Builder::new(TokioExecutor::new());

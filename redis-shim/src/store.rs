@@ -234,6 +234,25 @@ impl RedisStore {
         Ok(())
     }
 
+    /// Deletes `key`; whether it was there. One key per command, so on a cluster it goes
+    /// to the node holding its slot.
+    pub async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        let mut del = redis::cmd("DEL");
+        del.arg(key);
+        let (connection, generation) = self.connection();
+        let deleted: i64 = match connection {
+            Connection::Standalone(mut manager) => {
+                self.bounded(generation, self.config.timeout, del.query_async(&mut manager))
+                    .await?
+            }
+            Connection::Cluster(mut cluster) => {
+                self.bounded(generation, self.config.timeout, del.query_async(&mut cluster))
+                    .await?
+            }
+        };
+        Ok(deleted > 0)
+    }
+
     fn mark_answered(&self, generation: u64) {
         let answered = {
             let current = self

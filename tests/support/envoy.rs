@@ -1,7 +1,9 @@
 //! Real Envoy loading the built `.wasm`: bootstraps, start-up on ports Envoy picks itself
-//! (read back from its admin), stats, and `--mode validate`.
+//! (read back from its admin), stats, `--mode validate`, and a listener served by a
+//! file-based LDS that a test swaps while traffic flows ([`LdsEnvoy`]).
 
 use super::http::get;
+use super::ports::{claim_port, ClaimedPort};
 use super::process::{built, repo_root, scratch, wait_until, Process};
 use serde_json::{json, Value};
 use std::fs;
@@ -57,6 +59,10 @@ impl Envoy {
     }
 
     fn start_bootstrap_with_workers(config: &Value, workers: u32) -> Envoy {
+        Envoy::start_bootstrap_with_args(config, workers, &[])
+    }
+
+    fn start_bootstrap_with_args(config: &Value, workers: u32, extra_args: &[&str]) -> Envoy {
         let dir = scratch("envoy");
         let config_path = dir.join("envoy.json");
         let admin_address_path = dir.join("admin-address");
@@ -69,7 +75,8 @@ impl Envoy {
                 .arg(&admin_address_path)
                 .args(["--concurrency", &workers.to_string()])
                 .args(["--use-dynamic-base-id", "--log-level", "warn"])
-                .args(["--component-log-level", "wasm:info"]),
+                .args(["--component-log-level", "wasm:info"])
+                .args(extra_args),
             dir.join("envoy.log"),
         );
         let mut admin_port = None;
@@ -223,4 +230,98 @@ pub fn envoy_validate_plugin(plugin_config: &Value) -> (bool, String) {
     )
     .unwrap();
     envoy_validate(&path)
+}
+
+/// Envoy whose listener, the filter and its plugin configuration included, comes from a
+/// file-based LDS in a watched directory: a test pushes a new configuration while traffic
+/// flows, as a control plane (or Istio, for a WasmPlugin) would.
+pub struct LdsEnvoy {
+    pub envoy: Envoy,
+    dir: PathBuf,
+    shim_port: u16,
+    version: u32,
+    // On a port of its own: the updated listener must be the same address.
+    listen: ClaimedPort,
+}
+
+/// What Envoy made of a pushed configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Push {
+    /// Applied: the listener is updated and serves it.
+    Accepted,
+    /// Refused: the previous listener goes on serving.
+    Rejected,
+}
+
+impl LdsEnvoy {
+    /// Starts Envoy serving `plugin_config` through LDS. Old connections drain at once
+    /// (`--drain-strategy immediate`: each of their next responses closes them) and for
+    /// at most a second, so a swap's old filter chain is gone within the test.
+    pub fn start(shim_port: u16, plugin_config: &Value) -> LdsEnvoy {
+        let dir = scratch("lds");
+        let watched = dir.join("watched");
+        fs::create_dir_all(&watched).unwrap();
+        let listen = claim_port();
+        write_lds(&dir, &lds_response(shim_port, listen.port, 1, plugin_config));
+        let mut bootstrap = envoy_config(shim_port, plugin_config);
+        bootstrap["static_resources"]["listeners"] = json!([]);
+        bootstrap["node"] = json!({ "id": "test", "cluster": "test" });
+        bootstrap["dynamic_resources"] = json!({ "lds_config": {
+            "resource_api_version": "V3",
+            "path_config_source": {
+                "path": watched.join("lds.json"),
+                "watched_directory": { "path": watched }
+            }
+        }});
+        let envoy = Envoy::start_bootstrap_with_args(
+            &bootstrap,
+            2,
+            &["--drain-strategy", "immediate", "--drain-time-s", "1"],
+        );
+        LdsEnvoy {
+            envoy,
+            dir,
+            shim_port,
+            version: 1,
+            listen,
+        }
+    }
+
+    /// Pushes `plugin_config` and waits until Envoy has decided: accepted once the
+    /// listener is updated and nothing is warming, so that a new connection meets it.
+    pub fn push(&mut self, plugin_config: &Value) -> Push {
+        let stat = |name: &str| self.envoy.stat(&format!("listener_manager.{name}"));
+        let (accepted, rejected) = (stat("lds.update_success"), stat("lds.update_rejected"));
+        self.version += 1;
+        let response = lds_response(self.shim_port, self.listen.port, self.version, plugin_config);
+        write_lds(&self.dir, &response);
+        let mut outcome = None;
+        wait_until("Envoy's verdict on the pushed listener", STARTUP, || {
+            outcome = if stat("lds.update_rejected") > rejected {
+                Some(Push::Rejected)
+            } else if stat("lds.update_success") > accepted && stat("total_listeners_warming") == 0 {
+                Some(Push::Accepted)
+            } else {
+                None
+            };
+            outcome.is_some()
+        });
+        outcome.unwrap()
+    }
+}
+
+/// An LDS response holding the test listener, serving `plugin_config`, on `port`.
+fn lds_response(shim_port: u16, port: u16, version: u32, plugin_config: &Value) -> Value {
+    let mut listener = envoy_config(shim_port, plugin_config)["static_resources"]["listeners"][0].clone();
+    listener["@type"] = json!("type.googleapis.com/envoy.config.listener.v3.Listener");
+    listener["address"] = loopback(port);
+    json!({ "version_info": version.to_string(), "resources": [listener] })
+}
+
+/// Writes an LDS response beside the watched directory, then renames it over the watched
+/// file: the atomic swap Envoy's docs prescribe, so that Envoy never reads half a file.
+fn write_lds(dir: &Path, response: &Value) {
+    let staged = dir.join("lds.json.next");
+    fs::write(&staged, serde_json::to_vec_pretty(response).unwrap()).unwrap();
+    fs::rename(&staged, dir.join("watched/lds.json")).unwrap();
 }

@@ -1,0 +1,116 @@
+//! The admin endpoints behind `redis-shim counters` ([`crate::counters`]): the state of
+//! some counters without charging them (check.lua's peek mode), and their reset (the
+//! keys deleted).
+//!
+//! They read and reset any client's counters, so they always require a token: the
+//! shim's `--admin-token`, else its `--token`. A shim started with neither refuses them
+//! (403) rather than serve them open. A caller sends the counters as a [`CheckRequest`]
+//! (keys as the filter sends them, without the shim's prefix), validated as a check is.
+
+use crate::body::{read_body, BodyError};
+use crate::decision;
+use crate::handlers::{constant_time_eq, error, Shim, MAX_BODY_BYTES};
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use ratelimit_wire::{CheckRequest, CheckResult, TOKEN_HEADER};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+pub const SHOW_PATH: &str = "/v1/admin/counters/show";
+pub const RESET_PATH: &str = "/v1/admin/counters/reset";
+
+/// `POST /v1/admin/counters/show` answer: each counter's state, in order, as a check
+/// that charged nothing would report it (`granted` 0).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShowAnswer {
+    pub results: Vec<CheckResult>,
+}
+
+/// `POST /v1/admin/counters/reset` answer: each counter's state just before the reset,
+/// and whether its key was in Redis (a counter at its full limit has none).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResetAnswer {
+    pub before: Vec<CheckResult>,
+    pub deleted: Vec<bool>,
+}
+
+/// The counters asked about, with their Redis keys; or the refusal to answer.
+async fn admitted(
+    shim: &Shim,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(CheckRequest, Vec<String>), Response> {
+    let Some(expected) = shim.config.admin_token.as_ref().or(shim.config.token.as_ref()) else {
+        return Err(error(
+            StatusCode::FORBIDDEN,
+            "the admin endpoints are off: this shim has no token (start it with --admin-token or --token)",
+        ));
+    };
+    let presented = headers
+        .get(TOKEN_HEADER)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    if !constant_time_eq(presented, expected.as_bytes()) {
+        return Err(error(
+            StatusCode::UNAUTHORIZED,
+            format!("missing or wrong {TOKEN_HEADER}"),
+        ));
+    }
+    let body = read_body(headers, body, MAX_BODY_BYTES, shim.config.body_timeout)
+        .await
+        .map_err(|e| match e {
+            BodyError::TooLarge => error(StatusCode::PAYLOAD_TOO_LARGE, "body too large"),
+            BodyError::TimedOut => error(StatusCode::REQUEST_TIMEOUT, "body too slow"),
+            BodyError::Unreadable(e) => error(StatusCode::BAD_REQUEST, e),
+        })?;
+    let request = serde_json::from_slice::<CheckRequest>(&body)
+        .map_err(|e| e.to_string())
+        .and_then(|request| request.validate().map(|()| request).map_err(|e| e.to_string()))
+        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("invalid counters: {e}")))?;
+    let keys = request
+        .checks
+        .iter()
+        .map(|check| format!("{}{}", shim.config.key_prefix, check.key))
+        .collect();
+    Ok((request, keys))
+}
+
+fn redis_failure(e: impl std::fmt::Display) -> Response {
+    error(StatusCode::SERVICE_UNAVAILABLE, format!("redis: {e}"))
+}
+
+pub async fn show(State(shim): State<Arc<Shim>>, headers: HeaderMap, body: Body) -> Response {
+    let (request, keys) = match admitted(&shim, &headers, body).await {
+        Ok(admitted) => admitted,
+        Err(refusal) => return refusal,
+    };
+    match decision::peek(&shim.store, &keys, &request.checks).await {
+        Ok(results) => Json(ShowAnswer { results }).into_response(),
+        Err(e) => redis_failure(e),
+    }
+}
+
+/// Each algorithm keeps a counter in exactly one key (see the scripts' headers), so
+/// deleting it is the whole reset; the client's next check starts from a full limit.
+pub async fn reset(State(shim): State<Arc<Shim>>, headers: HeaderMap, body: Body) -> Response {
+    let (request, keys) = match admitted(&shim, &headers, body).await {
+        Ok(admitted) => admitted,
+        Err(refusal) => return refusal,
+    };
+    let before = match decision::peek(&shim.store, &keys, &request.checks).await {
+        Ok(before) => before,
+        Err(e) => return redis_failure(e),
+    };
+    let mut deleted = Vec::with_capacity(keys.len());
+    for key in &keys {
+        match shim.store.delete(key).await {
+            Ok(existed) => deleted.push(existed),
+            Err(e) => return redis_failure(e),
+        }
+    }
+    tracing::info!(keys = ?keys, "counters reset by an operator");
+    Json(ResetAnswer { before, deleted }).into_response()
+}

@@ -1,0 +1,172 @@
+//! Rule changes without a restart: Envoy takes a new listener, the plugin configuration
+//! with it, from a file-based LDS in a watched directory (as a control plane, or Istio
+//! for a WasmPlugin, pushes one) while traffic flows. A raised limit applies from the
+//! first request after the swap and a counter exhausted before it refills at the new
+//! rate; a changed period starts fresh counters; a broken configuration is refused with
+//! the field named while the previous one keeps serving; and across every swap no
+//! request fails or hangs. docs/CONFIG.md ("Changing rules live") explains each.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use support::*;
+
+/// One token-bucket rule keyed on `x-api-key`.
+fn policy(limit: u64, period: &str) -> Value {
+    json!({
+        "shim_cluster": "ratelimit_shim",
+        "timeout": "5s",
+        // Off, so that every answer below comes from the counter in Redis: with it, an
+        // Envoy keeps refusing a client it saw refused until the retry time it was given,
+        // whatever the new limit (docs/CONFIG.md).
+        "deny_cache": false,
+        "rules": [{ "name": "per-api-key", "key": [{ "header": "x-api-key" }],
+                    "limit": limit, "period": period }]
+    })
+}
+
+/// Longest a request may take before it counts as hung, on a loaded machine.
+const HANG: Duration = Duration::from_secs(10);
+/// Each load thread stops after this many requests, whatever happens: a bounded load.
+const MAX_PER_THREAD: usize = 6_000;
+
+/// One answer the load got: status (0 for a transport error), time taken, body.
+type Answer = (u16, Duration, String);
+
+/// Requests in the background, each thread on its own keep-alive connection (so that
+/// some are on the old filter chain when a swap lands), until stopped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    answered: Arc<AtomicUsize>,
+    threads: Vec<JoinHandle<Vec<Answer>>>,
+}
+
+impl Load {
+    fn start(url: &str, threads: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let answered = Arc::new(AtomicUsize::new(0));
+        let threads = (0..threads)
+            .map(|thread| {
+                let (stop, answered, url) = (stop.clone(), answered.clone(), url.to_string());
+                std::thread::spawn(move || {
+                    let agent = agent();
+                    let key = format!("load-{thread}");
+                    let mut answers = Vec::new();
+                    while !stop.load(Ordering::Relaxed) && answers.len() < MAX_PER_THREAD {
+                        let started = Instant::now();
+                        let reply = get_with(&agent, &url, &[("x-api-key", &key)]);
+                        answers.push((reply.status, started.elapsed(), reply.body));
+                        answered.fetch_add(1, Ordering::Relaxed);
+                        // Pacing, not a wait: about 100 requests a second per thread keeps
+                        // the load steady without starving Envoy's main thread on 2 cores.
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    answers
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            answered,
+            threads,
+        }
+    }
+
+    /// Waits until `more` requests have been answered from now on: the load runs on
+    /// across what the test did before.
+    fn runs_on(&self, more: usize) {
+        let from = self.answered.load(Ordering::Relaxed);
+        wait_until("the background load", Duration::from_secs(60), || {
+            self.answered.load(Ordering::Relaxed) >= from + more
+        });
+    }
+
+    fn finish(self) -> Vec<Answer> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.threads
+            .into_iter()
+            .flat_map(|thread| thread.join().unwrap())
+            .collect()
+    }
+}
+
+#[test]
+fn rules_change_live_under_load_and_a_broken_change_is_refused() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &[]);
+    let mut lds = LdsEnvoy::start(shim.port, &policy(5, "10m"));
+    let url = lds.envoy.url("/");
+    // Every assertion uses a new connection: one opened before a swap may still be served
+    // by the previous filter chain until it drains.
+    let request = |key: &str| get(&url, &[("x-api-key", key)]);
+    let load = Load::start(&url, 2);
+    load.runs_on(20);
+
+    for _ in 0..5 {
+        assert_eq!(request("exhausted").status, 200);
+    }
+    let refused = request("exhausted");
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert!(
+        refused.number("retry-after") > 60,
+        "one token per 2 min: {refused:?}"
+    );
+
+    // Raised from 5 to 20: the first request after the swap meets the new limit.
+    assert_eq!(lds.push(&policy(20, "10m")), Push::Accepted);
+    let first = request("raised");
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.number("x-ratelimit-limit"), 20, "{first:?}");
+    // The bucket emptied at 5 keeps its fill, empty, and refills at the new rate: one
+    // token per 30 s instead of per 2 min.
+    let still = request("exhausted");
+    assert_eq!(still.status, 429, "{still:?}");
+    assert!(still.number("retry-after") <= 30, "{still:?}");
+    let admitted = 1 + (0..20).filter(|_| request("raised").status == 200).count();
+    assert_eq!(admitted, 20);
+    load.runs_on(20);
+
+    // A new period names new counters: every client starts from the full new limit.
+    assert_eq!(lds.push(&policy(30, "1h")), Push::Accepted);
+    let renewed = request("exhausted");
+    assert_eq!(renewed.status, 200, "{renewed:?}");
+    assert_eq!(renewed.number("x-ratelimit-limit"), 30, "{renewed:?}");
+    assert_eq!(renewed.number("x-ratelimit-remaining"), 29, "{renewed:?}");
+    load.runs_on(20);
+
+    // A broken configuration is refused, naming the field, and the last good one serves.
+    assert_eq!(lds.push(&policy(40, "0s")), Push::Rejected);
+    let log = lds.envoy.process.log_text();
+    assert!(
+        log.contains("invalid plugin configuration: rules[0].period"),
+        "{log}"
+    );
+    assert!(log.contains("config rejected"), "{log}");
+    let kept = request("after-the-broken-push");
+    assert_eq!(kept.status, 200, "{kept:?}");
+    assert_eq!(kept.number("x-ratelimit-limit"), 30, "{kept:?}");
+    load.runs_on(20);
+
+    let answers = load.finish();
+    assert!(answers.len() >= 80, "{} answers", answers.len());
+    let failed: Vec<&Answer> = answers
+        .iter()
+        .filter(|(status, _, _)| ![200, 429].contains(status))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {:?}",
+        failed.len(),
+        answers.len(),
+        &failed[..failed.len().min(5)]
+    );
+    let slowest = answers.iter().map(|(_, took, _)| *took).max().unwrap();
+    assert!(slowest < HANG, "a request took {slowest:?}");
+    // Both kinds of answer crossed the swaps: the load was refused and admitted.
+    assert!(answers.iter().any(|(status, _, _)| *status == 429));
+    assert!(answers.iter().any(|(status, _, _)| *status == 200));
+}
