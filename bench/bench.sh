@@ -2,7 +2,7 @@
 # `make bench`: installs the load generators when missing (wrk from Debian, oha from
 # crates.io), builds the pass-through wasm filter, runs the sweep (bench/run.py; extra
 # arguments are passed to it, e.g. --runs 3 --duration 5) and draws the latency plot
-# bench/latency.png with matplotlib from a venv in bench/.venv.
+# bench/latency.png with matplotlib; both run from a venv in bench/.venv.
 # Expects `make build` to have run (the Makefile's bench target depends on it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,11 +21,11 @@ if ! command -v oha >/dev/null; then
 fi
 bench/build-passthrough.sh
 
-python3 bench/run.py "$@"
-
-if ! bench/.venv/bin/python -c 'import matplotlib' 2>/dev/null; then
-    echo "bench: installing matplotlib into bench/.venv"
+if ! bench/.venv/bin/python -c 'import matplotlib, yaml' 2>/dev/null; then
+    echo "bench: installing matplotlib and PyYAML into bench/.venv"
     python3 -m venv bench/.venv
-    bench/.venv/bin/pip install --quiet matplotlib
+    bench/.venv/bin/pip install --quiet matplotlib pyyaml
 fi
+# run.py reads the shim's cluster from the shipped envoy.yaml (PyYAML).
+bench/.venv/bin/python bench/run.py "$@"
 bench/.venv/bin/python bench/plot.py

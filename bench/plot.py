@@ -25,9 +25,12 @@ LABELS = {
     "rl_local": "ratelimit-wasm local",
     "rl_global": "ratelimit-wasm exact global",
     "rl_global_before": "exact global, before batching",
-    "rl_global_h2": "exact global, HTTP/2 to shim",
+    "rl_global_h1": "exact global, HTTP/1.1 to shim",
+    "baseline_cluster": "no filter, route to a cluster",
+    "rl_global_cluster": "exact global, route to a cluster",
     "rl_leased": "ratelimit-wasm leased",
     "rl_abusive": "abusive client (deny cache)",
+    "rl_abusive_100": "abusive client, 100/s",
 }
 names = [n for n in LABELS if any(n in run and "fixed" in run[n] and "invalid" not in run[n]
                                   for run in results["runs"])]

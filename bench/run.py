@@ -100,20 +100,36 @@ NATIVE_LOCAL_RATELIMIT = {
     },
 }
 
-# name, description, HTTP filters ahead of the router
+# Envoy's fault filter answering every request itself (200), after the route to a cluster
+# was chosen: the topology of a limiter in front of an upstream, without the upstream.
+FAULT_RESPONDS = {
+    "name": "envoy.filters.http.fault",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+        "abort": {"http_status": 200, "percentage": {"numerator": 100, "denominator": "HUNDRED"}},
+    },
+}
+
+# name, description, HTTP filters ahead of the router. Names ending in `_cluster` route to
+# a cluster and are answered by FAULT_RESPONDS (compared with `baseline_cluster`); the others
+# answer from the route (`direct_response`, compared with `baseline`).
 CONFIGS = [
     ("baseline", "no rate-limit filter", []),
+    ("baseline_cluster", "no rate-limit filter, route to a cluster", []),
     ("native_local", "Envoy local_ratelimit (admits all)", [NATIVE_LOCAL_RATELIMIT]),
     ("wasm_passthrough", "pass-through wasm filter", [wasm_filter("passthrough", PASSTHROUGH_WASM, None)]),
     ("rl_local", "ratelimit-wasm, scope local", ratelimit({"scope": "local"})),
     ("rl_global", "ratelimit-wasm, exact global", ratelimit({})),
     ("rl_leased", "ratelimit-wasm, leased (100, 1s)", ratelimit({"lease": {"size": 100, "ttl": "1s"}})),
+    ("rl_global_cluster", "ratelimit-wasm, exact global, route to a cluster", ratelimit({})),
     ("rl_abusive", "ratelimit-wasm, abusive client (10/s)", ratelimit({}, limit=10, period="1s")),
+    ("rl_abusive_100", "ratelimit-wasm, abusive client (100/s)", ratelimit({}, limit=100, period="1s")),
 ]
 # Variants for the profile-and-improve step (`--only NAME,...`): same rules, one thing
 # changed in the deployment, not in the code.
 EXPERIMENTS = [
-    ("rl_global_h2", "exact global, HTTP/2 to the shim", ratelimit({})),
+    ("rl_global_h1", "exact global, HTTP/1.1 to the shim", ratelimit({})),
+    ("rl_global_h1_cluster", "exact global, HTTP/1.1 to the shim, route to a cluster", ratelimit({})),
     ("rl_global_noheaders", "exact global, no rate-limit headers", ratelimit({}, response={"headers": "none"})),
     ("rl_local_noheaders", "ratelimit-wasm local, no rate-limit headers",
      ratelimit({"scope": "local"}, response={"headers": "none"})),
@@ -126,11 +142,34 @@ EXPERIMENTS = [
     ("probe_pause", "pass-through, paused and resumed by the root",
      [wasm_filter("passthrough", PASSTHROUGH_WASM, "pause:1")]),
 ]
-H2_TO_SHIM = {"rl_global_h2"}
+# Rows that change the shipped shim cluster's protocol to HTTP/1.1.
+H1_TO_SHIM = {"rl_global_h1", "rl_global_h1_cluster"}
 
 
-def envoy_config(port, admin_port, shim_port, filters, h2_to_shim=False):
-    address = lambda p: {"socket_address": {"address": "127.0.0.1", "port_value": p}}
+def address(port):
+    return {"socket_address": {"address": "127.0.0.1", "port_value": port}}
+
+
+def shipped_shim_cluster(shim_port, http1=False):
+    """The shim's cluster exactly as the shipped envoy.yaml defines it (protocol, timeouts,
+    connection options), pointed at this run's shim."""
+    import yaml  # bench/bench.sh runs this script from bench/.venv, which has PyYAML
+    shipped = yaml.safe_load((ROOT / "envoy.yaml").read_text())
+    cluster = next(c for c in shipped["static_resources"]["clusters"] if c["name"] == "ratelimit_shim")
+    cluster["load_assignment"] = {"cluster_name": "ratelimit_shim",
+                                  "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address(shim_port)}}]}]}
+    if http1:
+        cluster.pop("typed_extension_protocol_options", None)
+    return cluster
+
+
+def envoy_config(port, admin_port, shim_port, filters, name=""):
+    to_cluster = name.endswith("_cluster")
+    route = ({"route": {"cluster": "upstream"}} if to_cluster
+             else {"direct_response": {"status": 200, "body": {"inline_string": "ok"}}})
+    upstream = {"name": "upstream", "type": "STATIC", "connect_timeout": "0.25s",
+                "load_assignment": {"cluster_name": "upstream",
+                                    "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address(9)}}]}]}}
     return {
         "static_resources": {
             "listeners": [{
@@ -144,25 +183,16 @@ def envoy_config(port, admin_port, shim_port, filters, h2_to_shim=False):
                         "stat_prefix": "bench",
                         "route_config": {"virtual_hosts": [{
                             "name": "bench", "domains": ["*"],
-                            "routes": [{"match": {"prefix": "/"},
-                                        "direct_response": {"status": 200, "body": {"inline_string": "ok"}}}],
+                            "routes": [{"match": {"prefix": "/"}, **route}],
                         }]},
-                        "http_filters": filters + [{
+                        "http_filters": filters + ([FAULT_RESPONDS] if to_cluster else []) + [{
                             "name": "envoy.filters.http.router",
                             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
                         }],
                     },
                 }]}],
             }],
-            "clusters": [dict({
-                "name": "ratelimit_shim",
-                "type": "STATIC",
-                "connect_timeout": "0.25s",
-                "load_assignment": {"cluster_name": "ratelimit_shim",
-                                    "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address(shim_port)}}]}]},
-            }, **({"typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}}}}} if h2_to_shim else {}))],
+            "clusters": [shipped_shim_cluster(shim_port, http1=name in H1_TO_SHIM), upstream],
         },
         "admin": {"address": address(admin_port)},
     }
@@ -284,8 +314,7 @@ class Envoy:
         self.procs = procs
         self.port, self.admin = free_port(), free_port()
         config = OUT / f"envoy-{name}.json"
-        config.write_text(json.dumps(envoy_config(self.port, self.admin, shim_port, filters,
-                                                  h2_to_shim=name in H2_TO_SHIM), indent=1))
+        config.write_text(json.dumps(envoy_config(self.port, self.admin, shim_port, filters, name), indent=1))
         self.log = OUT / f"envoy-{name}.log"
         # Python stays Envoy's parent for its whole life (Envoy stops when its parent does).
         self.process = procs.start([ENVOY_BIN, "-c", str(config.relative_to(ROOT)), "--concurrency", "1",
@@ -568,8 +597,9 @@ def table(results):
         if not any(name in run for run in runs):
             continue
         rows = [run.get(name, {}) for run in runs]
-        ok = [(r, run["baseline"]) for r, run in zip(rows, runs)
-              if r and "skipped" not in r and "invalid" not in r and "closed" in run.get("baseline", {})]
+        base = "baseline_cluster" if name.endswith("_cluster") else "baseline"
+        ok = [(r, run[base]) for r, run in zip(rows, runs)
+              if r and "skipped" not in r and "invalid" not in r and "closed" in run.get(base, {})]
         if not ok:
             reason = next((f"skipped: {r['skipped']}" for r in rows if r.get("skipped")), None) or \
                 next((f"invalid: {r['invalid']}" for r in rows if r.get("invalid")), "not measured")
@@ -592,7 +622,7 @@ def table(results):
         ]) + " |")
     lines.append("")
     lines.append(f"Ranges are min–max over {len(runs)} runs; ratios and added costs are against the "
-                 "baseline of the same run. ⚠: some runs left out (skipped, or the shim failed checks: see results.json).")
+                 "baseline of the same run and topology (rows \"route to a cluster\" against that baseline). ⚠: some runs left out (skipped, or the shim failed checks: see results.json).")
     ceilings = results.get("ceiling", [])
     if ceilings:
         lines += ["", "| shim vs raw Redis | checks/s | shim µs CPU/check | Redis µs CPU/check |", "|---|---|---|---|"]
@@ -690,6 +720,8 @@ def main():
         experiments.append(("rl_global_before", "exact global, the --wasm-before build", ratelimit({}, wasm=before)))
         experiments.append(("rl_local_before", "scope local, the --wasm-before build",
                             ratelimit({"scope": "local"}, wasm=before)))
+        experiments.append(("rl_abusive_100_before", "abusive client (100/s), the --wasm-before build",
+                            ratelimit({}, limit=100, period="1s", wasm=before)))
     configs = [c for c in CONFIGS + experiments if c[0] in args.only.split(",")] if args.only else CONFIGS
     if args.profile:
         return profile(args, next(c for c in CONFIGS + EXPERIMENTS if c[0] == args.profile))

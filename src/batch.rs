@@ -23,7 +23,8 @@ struct Waiting<T> {
 pub struct Call<T> {
     /// The requests it carries, in the order of the batch.
     pub members: Vec<T>,
-    pub sent_at_ms: u64,
+    /// When it was sent, in µs: the shim_call_us histogram.
+    pub sent_at_us: u64,
 }
 
 /// What [`Batcher::next`] hands the dispatcher.
@@ -169,7 +170,7 @@ mod tests {
     fn call(members: Vec<u32>) -> Call<u32> {
         Call {
             members,
-            sent_at_ms: 0,
+            sent_at_us: 0,
         }
     }
 

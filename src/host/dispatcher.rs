@@ -8,7 +8,7 @@
 //! request. A request wakes the root through a shared queue when a call may start.
 
 use super::hostcalls::{
-    self, dispatch_http_call, enqueue_shared_queue, http_call_response_body, log, now_ms, HostError,
+    self, dispatch_http_call, enqueue_shared_queue, http_call_response_body, log, now_ms, now_us, HostError,
     RequestContexts,
 };
 use super::request_state::{PendingRequest, RequestState};
@@ -33,6 +33,8 @@ pub struct QueuedRequest {
     /// The lease acquisitions it makes: when it ends, the requests waiting for them run
     /// again.
     pub claims: Vec<Claim>,
+    /// When it joined the queue, in µs: the queued_us histogram.
+    pub queued_at_us: u64,
 }
 
 /// A request waiting for this worker's acquisition of a counter's lease.
@@ -137,6 +139,7 @@ impl Dispatcher {
                     state: Rc::downgrade(&request.state),
                     checks,
                     claims,
+                    queued_at_us: now_us(),
                 };
                 self.submit(queued, deadline_ms);
                 Action::Pause
@@ -305,12 +308,18 @@ impl Dispatcher {
         });
         match sent {
             Ok(token) => {
+                let sent_at_us = now_us();
                 worker.stats.shim_call_carried(requests.len());
+                for request in &requests {
+                    worker
+                        .stats
+                        .waited_in_queue(sent_at_us.saturating_sub(request.queued_at_us));
+                }
                 self.batcher.borrow_mut().sent(
                     token,
                     Call {
                         members: requests,
-                        sent_at_ms: now,
+                        sent_at_us,
                     },
                 );
             }
@@ -345,8 +354,10 @@ impl Dispatcher {
         let Some(call) = self.batcher.borrow_mut().answered(token) else {
             return;
         };
+        worker
+            .stats
+            .shim_call_took(now_us().saturating_sub(call.sent_at_us));
         let now = now_ms();
-        worker.stats.shim_call_took(now.saturating_sub(call.sent_at_ms));
         // Read before switching to the requests' contexts: the answer is the root's.
         let status = hostcalls::header(MapType::HttpCallResponseHeaders, ":status");
         let body = http_call_response_body(body_size);

@@ -26,6 +26,14 @@ pub fn log(level: LogLevel, message: &str) {
 }
 
 /// The host's wall clock in Unix milliseconds (0 if it cannot be read).
+/// Wall-clock time in µs, for the latency histograms.
+pub fn now_us() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|now| now.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX))
+}
+
 pub fn now_ms() -> u64 {
     hostcalls::get_current_time()
         .ok()

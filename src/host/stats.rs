@@ -1,6 +1,7 @@
 //! The filter's stats in Envoy: every [`Stat`] per rule (`ratelimit.<rule>.<stat>`,
-//! shown under the `wasmcustom.` prefix), a histogram of shim call latency and one of
-//! the number of requests each call carried.
+//! shown under the `wasmcustom.` prefix), and histograms of where an exact check's time
+//! goes: how long a request waited in the worker's queue for a call, a call's round trip
+//! (both in µs), and the number of requests each call carried.
 
 use super::hostcalls::{define_metric, increment_metric, record_metric};
 use crate::config::FilterConfig;
@@ -10,7 +11,8 @@ use proxy_wasm::types::MetricType;
 pub struct Stats {
     /// Per rule, by [`Stat::index`]; `None` where the host refused to define one.
     rules: Vec<[Option<u32>; Stat::ALL.len()]>,
-    shim_call_ms: Option<u32>,
+    queued_us: Option<u32>,
+    shim_call_us: Option<u32>,
     shim_batch_size: Option<u32>,
 }
 
@@ -31,7 +33,8 @@ impl Stats {
             .collect();
         Stats {
             rules,
-            shim_call_ms: define_metric(MetricType::Histogram, "ratelimit.shim_call_ms").ok(),
+            queued_us: define_metric(MetricType::Histogram, "ratelimit.queued_us").ok(),
+            shim_call_us: define_metric(MetricType::Histogram, "ratelimit.shim_call_us").ok(),
             shim_batch_size: define_metric(MetricType::Histogram, "ratelimit.shim_batch_size").ok(),
         }
     }
@@ -48,9 +51,15 @@ impl Stats {
         }
     }
 
-    pub fn shim_call_took(&self, elapsed_ms: u64) {
-        if let Some(id) = self.shim_call_ms {
-            record_metric(id, elapsed_ms);
+    pub fn waited_in_queue(&self, elapsed_us: u64) {
+        if let Some(id) = self.queued_us {
+            record_metric(id, elapsed_us);
+        }
+    }
+
+    pub fn shim_call_took(&self, elapsed_us: u64) {
+        if let Some(id) = self.shim_call_us {
+            record_metric(id, elapsed_us);
         }
     }
 

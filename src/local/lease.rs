@@ -92,8 +92,18 @@ impl<S: SlotStore> LocalLayer<'_, S> {
     ) -> (Option<HeldLease>, Option<TokenReturn>) {
         let rule = &*item.rule;
         let cost = item.check.cost;
-        let remember_denial =
-            self.config.deny_cache && !rule.shadow && !result.allowed && result.retry_after_ms > 0;
+        // An admission that left less than this cost predicts the next refusals: nothing
+        // comes back before one cost's worth refills (or the window resets), so the key
+        // is refused here until then instead of each request asking the shim to learn it.
+        let deny_for_ms = if !result.allowed {
+            result.retry_after_ms
+        } else if allowed && result.remaining < cost {
+            let refill_ms = (item.rate.ms_per_token() * cost as f64).ceil() as u64;
+            refill_ms.min(result.reset_ms)
+        } else {
+            0
+        };
+        let remember_denial = self.config.deny_cache && !rule.shadow && deny_for_ms > 0;
         let acquiring = lease_size > 0;
         let lease = rule
             .lease
@@ -105,7 +115,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
         let learned = self.update(fingerprint, |record| {
             let mut learned = (None, None);
             if remember_denial {
-                record.deny_until_ms = now_ms + result.retry_after_ms;
+                record.deny_until_ms = now_ms + deny_for_ms;
                 record.deny_cost = cost;
                 record.deny_reset_at_ms = now_ms + result.reset_ms;
             }

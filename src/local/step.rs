@@ -116,13 +116,15 @@ impl<S: SlotStore> LocalLayer<'_, S> {
         // its deadline passes), instead of all racing to the shim at the instant a busy
         // bucket refills.
         let hold_ms = self.config.shim.timeout_ms();
-        let probe = (denies && record.deny_until_ms > 0 && now_ms.saturating_sub(record.deny_until_ms) < hold_ms).then(|| {
-            record.deny_until_ms = now_ms + hold_ms;
-            Probe {
-                fingerprint: record.fingerprint,
-                until_ms: record.deny_until_ms,
-            }
-        });
+        let probe =
+            (denies && record.deny_until_ms > 0 && now_ms.saturating_sub(record.deny_until_ms) < hold_ms)
+                .then(|| {
+                    record.deny_until_ms = now_ms + hold_ms;
+                    Probe {
+                        fingerprint: record.fingerprint,
+                        until_ms: record.deny_until_ms,
+                    }
+                });
         let step = LocalStep::Shim {
             bucket,
             lease: claim.and(lease).map_or(0, |lease| lease.size),

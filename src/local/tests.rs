@@ -253,13 +253,46 @@ fn a_lifted_refusal_sends_one_request_to_the_shim_and_holds_the_rest() {
     let mut first = local.before_shim(&planned, 2_000);
     refuse(&mut first, 2_000);
     let mut probe = local.before_shim(&planned, 2_010);
-    assert_eq!(local.fall_back(&planned, &mut probe, 2_210), FallbackVerdict::Allow);
+    assert_eq!(
+        local.fall_back(&planned, &mut probe, 2_210),
+        FallbackVerdict::Allow
+    );
     assert_eq!(local.before_shim(&planned, 2_211).checks, [ask(0)]);
     // A refusal that lifted longer than a timeout ago holds nothing back.
     let mut first = local.before_shim(&planned, 3_000);
     refuse(&mut first, 3_000);
     assert_eq!(local.before_shim(&planned, 3_500).checks, [ask(0)]);
     assert_eq!(local.before_shim(&planned, 3_500).checks, [ask(0)]);
+}
+
+#[test]
+fn an_admission_that_took_the_last_token_refuses_the_next_requests_until_one_refills() {
+    // 100 per second: a token every 10 ms.
+    let rule = r#"{"name": "g", "key": [{"header": "x-api-key"}], "limit": 100, "period": "1s"}"#;
+    let config = config(rule, "");
+    let store = MapStore::with_slots(&config);
+    let local = layer(&config, &store);
+    let planned = plan(&config, &request("busy"));
+    let last_token = CheckResult {
+        remaining: 0,
+        reset_ms: 1_000,
+        ..shim_result(true, 1, 0)
+    };
+    let mut pass = local.before_shim(&planned, 1_000);
+    local
+        .merge_answer(&planned, &mut pass, &[last_token], 1_000)
+        .unwrap();
+    assert_eq!(known(&pass, 0), last_token, "the admission itself stands");
+    let cached = local.before_shim(&planned, 1_004);
+    assert!(cached.refused);
+    assert_eq!(known(&cached, 0).retry_after_ms, 6);
+    assert_eq!(local.before_shim(&planned, 1_010).checks, [ask(0)]);
+    // An admission that leaves a token caches nothing.
+    let mut pass = local.before_shim(&planned, 5_000);
+    local
+        .merge_answer(&planned, &mut pass, &[shim_result(true, 1, 0)], 5_000)
+        .unwrap();
+    assert_eq!(local.before_shim(&planned, 5_001).checks, [ask(0)]);
 }
 
 #[test]
