@@ -142,6 +142,9 @@ EXPERIMENTS = [
     ("probe_pause", "pass-through, paused and resumed by the root",
      [wasm_filter("passthrough", PASSTHROUGH_WASM, "pause:1")]),
 ]
+CLUSTER_ROW = "rl_global_redis_cluster"
+CLUSTER_ROW_DESCRIPTION = "exact global, Redis Cluster (3 masters)"
+
 # Rows that change the shipped shim cluster's protocol to HTTP/1.1.
 H1_TO_SHIM = {"rl_global_h1", "rl_global_h1_cluster"}
 
@@ -284,6 +287,12 @@ class Redis:
         result = subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True)
         return result.stdout.strip()
 
+    def pids(self):
+        return [self.process.pid]
+
+    def flush(self):
+        self.cli("FLUSHALL")
+
     def commands(self):
         """Calls per command since start, without the ones this harness sends."""
         ours = {"info", "ping", "flushall", "config", "memory", "script", "scan", "command", "dbsize"}
@@ -295,15 +304,60 @@ class Redis:
         return calls
 
 
+class RedisCluster:
+    """Three masters, no replicas, on the load core, as one Redis Cluster."""
+
+    def __init__(self, procs, masters=3):
+        self.nodes = []
+        for i in range(masters):
+            port, bus = free_port(), free_port()
+            config = OUT / f"redis-cluster-{i}-nodes.conf"
+            config.unlink(missing_ok=True)
+            process = procs.start(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                   "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-port", str(bus),
+                                   "--cluster-config-file", str(config)],
+                                  OUT / f"redis-cluster-{i}.log", core=LOAD_CORE)
+            self.nodes.append(Redis.__new__(Redis))
+            self.nodes[-1].port, self.nodes[-1].process = port, process
+        for node in self.nodes:
+            if not wait_until("Redis Cluster node", lambda: node.cli("PING") == "PONG", 10, node.process):
+                sys.exit("bench: a Redis Cluster node did not start; see bench/out/redis-cluster-*.log")
+        created = subprocess.run(["redis-cli", "--cluster", "create", *self.addresses(), "--cluster-replicas", "0",
+                                  "--cluster-yes"], capture_output=True, text=True)
+        if created.returncode != 0:
+            sys.exit(f"bench: redis-cli --cluster create failed: {created.stdout[-300:]}")
+        for node in self.nodes:
+            if not wait_until("cluster_state:ok", lambda: "cluster_state:ok" in node.cli("CLUSTER", "INFO"), 30):
+                sys.exit("bench: the Redis Cluster did not become ready")
+
+    def addresses(self):
+        return [f"127.0.0.1:{node.port}" for node in self.nodes]
+
+    def pids(self):
+        return [node.process.pid for node in self.nodes]
+
+    def flush(self):
+        for node in self.nodes:
+            node.cli("FLUSHALL")
+
+    def commands(self):
+        calls = {}
+        for node in self.nodes:
+            for name, count in node.commands().items():
+                calls[name] = calls.get(name, 0) + count
+        return calls
+
+
 class Shim:
-    def __init__(self, procs, redis_port, workers=None):
+    def __init__(self, procs, redis_port, workers=None, cluster=None):
         self.port = free_port()
         env = dict(os.environ, RUST_LOG="warn")
         if workers:
             env["TOKIO_WORKER_THREADS"] = str(workers)  # read by tokio's multi-thread runtime
-        self.process = procs.start([SHIM_BIN, "--listen", f"127.0.0.1:{self.port}",
-                                    "--redis-url", f"redis://127.0.0.1:{redis_port}"],
-                                   OUT / "shim.log", core=LOAD_CORE, env=env)
+        redis = (["--redis-mode", "cluster", "--redis-url", ",".join(f"redis://{a}" for a in cluster.addresses())]
+                 if cluster else ["--redis-url", f"redis://127.0.0.1:{redis_port}"])
+        self.process = procs.start([SHIM_BIN, "--listen", f"127.0.0.1:{self.port}", *redis],
+                                   OUT / ("shim-cluster.log" if cluster else "shim.log"), core=LOAD_CORE, env=env)
         if not wait_until("shim", lambda: "ok" in http_get(f"http://127.0.0.1:{self.port}/healthz"),
                           10, self.process):
             sys.exit("bench: the shim did not start; see bench/out/shim.log")
@@ -387,7 +441,7 @@ class Snapshot:
     def __init__(self, envoy, shim, redis):
         self.envoy_cpu = cpu_ns(envoy.process.pid)
         self.shim_cpu = cpu_ns(shim.process.pid)
-        self.redis_cpu = cpu_ns(redis.process.pid)
+        self.redis_cpu = sum(cpu_ns(pid) for pid in redis.pids())
         self.stats = envoy.stats()
         self.redis = redis.commands()
 
@@ -429,7 +483,7 @@ def delta(before, after):
 
 
 def measure_config(procs, name, filters, shim, redis, args):
-    redis.cli("FLUSHALL")
+    redis.flush()
     envoy = Envoy(procs, name, filters, shim.port)
     if not envoy.ready:
         reason = envoy.why_not_ready()
@@ -699,6 +753,8 @@ def main():
                              "(before/after a change)")
     parser.add_argument("--skip-ceiling", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-cluster", action="store_true",
+                        help="leave out the exact global row through a 3-master Redis Cluster")
     parser.add_argument("--shim-workers", type=int, help="TOKIO_WORKER_THREADS for the shim (default: one per core)")
     parser.add_argument("--profile", metavar="NAME",
                         help="instead of the sweep: perf-record Envoy, the shim and Redis under closed-loop load")
@@ -727,15 +783,22 @@ def main():
         return profile(args, next(c for c in CONFIGS + EXPERIMENTS if c[0] == args.profile))
     procs = Processes()
     results = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args), "runs": [], "ceiling": [],
-               "configs": [(n, d) for n, d, _ in CONFIGS + experiments]}
+               "configs": [(n, d) for n, d, _ in CONFIGS + experiments] + [(CLUSTER_ROW, CLUSTER_ROW_DESCRIPTION)]}
     try:
         redis = Redis(procs)
         shim = Shim(procs, redis.port, args.shim_workers)
+        if not args.skip_cluster:
+            cluster = RedisCluster(procs)
+            cluster_shim = Shim(procs, None, args.shim_workers, cluster=cluster)
         for run in range(args.runs):
             order = configs if run % 2 == 0 else list(reversed(configs))
             print(f"run {run + 1}/{args.runs}: {', '.join(c[0] for c in order)}", flush=True)
             results["runs"].append({name: measure_config(procs, name, filters, shim, redis, args)
                                     for name, _, filters in order})
+            if not args.skip_cluster:
+                # The same rule and Envoy, through a shim on the 3-master cluster.
+                results["runs"][-1][CLUSTER_ROW] = measure_config(procs, CLUSTER_ROW, ratelimit({}), cluster_shim,
+                                                                  cluster, args)
             if not args.skip_ceiling:
                 results["ceiling"].append(ceiling(procs, shim, redis, args))
         if not args.skip_memory:

@@ -34,10 +34,14 @@ fn draft_remaining(reply: &Reply, rule: &str) -> u64 {
 
 #[test]
 fn a_client_over_its_ip_cap_is_refused_by_the_ip_rule_and_its_user_budget_is_not_charged() {
-    let stack = Stack::start(&config(json!([
+    let mut config = config(json!([
         { "name": "per-user", "key": [{ "header": "x-user-id" }], "limit": 10, "period": "1m" },
         { "name": "per-ip", "key": ["client_ip"], "limit": 3, "period": "1m" }
-    ])));
+    ]));
+    // The shim's refusal is under test: with the deny cache, this Envoy would refuse the
+    // 4th request alone (the 3rd took per-ip's last token) and say nothing of per-user.
+    config["deny_cache"] = json!(false);
+    let stack = Stack::start(&config);
     let url = stack.envoy.url("/");
     let from = |ip: &str| [("x-user-id", "alice"), ("x-forwarded-for", ip)].map(|(k, v)| (k, v.to_string()));
     let send = |ip: &str| {
