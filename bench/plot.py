@@ -28,7 +28,7 @@ LABELS = {
     "rl_global_h1": "exact global, HTTP/1.1 to shim",
     "baseline_cluster": "no filter, route to a cluster",
     "rl_global_cluster": "exact global, route to a cluster",
-    "rl_global_redis_cluster": "exact global, Redis Cluster",
+    "rl_global_3_masters": "exact global, Redis Cluster (3 masters)",
     "rl_leased": "ratelimit-wasm leased",
     "rl_abusive": "abusive client (deny cache)",
     "rl_abusive_100": "abusive client, 100/s",

@@ -142,7 +142,7 @@ EXPERIMENTS = [
     ("probe_pause", "pass-through, paused and resumed by the root",
      [wasm_filter("passthrough", PASSTHROUGH_WASM, "pause:1")]),
 ]
-CLUSTER_ROW = "rl_global_redis_cluster"
+CLUSTER_ROW = "rl_global_3_masters"  # not "_cluster": that suffix means the route-to-a-cluster topology
 CLUSTER_ROW_DESCRIPTION = "exact global, Redis Cluster (3 masters)"
 
 # Rows that change the shipped shim cluster's protocol to HTTP/1.1.
