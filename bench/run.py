@@ -307,28 +307,38 @@ class Redis:
 class RedisCluster:
     """Three masters, no replicas, on the load core, as one Redis Cluster."""
 
-    def __init__(self, procs, masters=3):
+    def __init__(self, procs, masters=3, replicas=0):
         self.nodes = []
-        for i in range(masters):
-            port, bus = free_port(), free_port()
+        # Distinct: free_port() can hand out a port twice once its socket is closed.
+        ports = []
+        while len(ports) < 2 * masters * (1 + replicas):
+            port = free_port()
+            if port not in ports:
+                ports.append(port)
+        for i in range(masters * (1 + replicas)):
+            port, bus = ports[2 * i], ports[2 * i + 1]
             config = OUT / f"redis-cluster-{i}-nodes.conf"
             config.unlink(missing_ok=True)
             process = procs.start(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                    "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-port", str(bus),
-                                   "--cluster-config-file", str(config)],
+                                   "--cluster-config-file", str(config), "--cluster-node-timeout", "1000"],
                                   OUT / f"redis-cluster-{i}.log", core=LOAD_CORE)
             self.nodes.append(Redis.__new__(Redis))
             self.nodes[-1].port, self.nodes[-1].process = port, process
         for node in self.nodes:
             if not wait_until("Redis Cluster node", lambda: node.cli("PING") == "PONG", 10, node.process):
                 sys.exit("bench: a Redis Cluster node did not start; see bench/out/redis-cluster-*.log")
-        created = subprocess.run(["redis-cli", "--cluster", "create", *self.addresses(), "--cluster-replicas", "0",
+        created = subprocess.run(["redis-cli", "--cluster", "create", *self.addresses(), "--cluster-replicas", str(replicas),
                                   "--cluster-yes"], capture_output=True, text=True)
         if created.returncode != 0:
             sys.exit(f"bench: redis-cli --cluster create failed: {created.stdout[-300:]}")
         for node in self.nodes:
             if not wait_until("cluster_state:ok", lambda: "cluster_state:ok" in node.cli("CLUSTER", "INFO"), 30):
                 sys.exit("bench: the Redis Cluster did not become ready")
+            # A replica's first sync, or its promotion would start from nothing.
+            if node.cli("ROLE").startswith("slave") and not wait_until(
+                    "replica in sync", lambda: "master_link_status:up" in node.cli("INFO", "replication"), 30):
+                sys.exit("bench: a Redis Cluster replica did not sync with its master")
 
     def addresses(self):
         return [f"127.0.0.1:{node.port}" for node in self.nodes]
@@ -739,6 +749,100 @@ def profile(args, config):
     print(f"bench: perf reports in bench/out/perf-{name}-*.txt")
 
 
+# --------------------------------------------------------------------------- failover
+
+FAILOVER_LIMIT = 1_000_000  # per hour: never reached, so every charge stays in Redis
+
+
+def failover(args):
+    """A master killed under traffic, its replica promoted: how long decisions fall to the
+    failure mode, how many admissions the lost writes forgot, and whether any request hung.
+
+    3 masters with a replica each (cluster-node-timeout 1 s), a shim in cluster mode, one
+    Envoy with one exact rule on one client key (failure_mode closed, so a decision the
+    shim could not make shows as a 503). Client threads send requests back to back; after
+    `--duration` seconds the master owning the client's counter is killed (SIGKILL), and
+    the load goes on for as long again plus the promotion. Every response is timed.
+    Admissions forgotten = 200s counted by the clients - tokens the counter shows spent
+    (from the last response's X-RateLimit-Remaining)."""
+    import threading
+    OUT.mkdir(parents=True, exist_ok=True)
+    procs = Processes()
+    try:
+        cluster = RedisCluster(procs, masters=3, replicas=1)
+        shim = Shim(procs, None, cluster=cluster)
+        # A fixed window refills nothing within the hour: what Redis shows spent is what it
+        # remembers admitting (a run across the top of the hour is reported as such).
+        filters = ratelimit({"algorithm": "fixed_window"}, limit=FAILOVER_LIMIT, period="1h", failure_mode="closed")
+        envoy = Envoy(procs, "failover", filters, shim.port)
+        if not envoy.ready:
+            sys.exit(f"bench: failover: {envoy.why_not_ready()}")
+        request = urllib.request.Request(f"http://127.0.0.1:{envoy.port}/", headers={"x-api-key": API_KEY})
+        with urllib.request.urlopen(request, timeout=2) as reply:  # the counter's first charge
+            first = reply.status == 200
+        owner = next(n for n in cluster.nodes if n.cli("ROLE").startswith("master") and n.cli("DBSIZE") == "1")
+        started = time.monotonic()
+        kill_at = started + args.duration
+        stop_at = kill_at + args.duration + 3
+        records, lock = [], threading.Lock()
+
+        def client():
+            conn = http.client.HTTPConnection("127.0.0.1", envoy.port, timeout=10)
+            while time.monotonic() < stop_at:
+                sent = time.monotonic()
+                try:
+                    conn.request("GET", "/", headers={"x-api-key": API_KEY})
+                    reply = conn.getresponse()
+                    reply.read()
+                    row = (sent - started, time.monotonic() - sent, reply.status,
+                           reply.getheader("x-ratelimit-remaining"))
+                except OSError as error:
+                    row = (sent - started, time.monotonic() - sent, f"error: {error}", None)
+                    conn.close()
+                    conn = http.client.HTTPConnection("127.0.0.1", envoy.port, timeout=10)
+                with lock:
+                    records.append(row)
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        time.sleep(max(0.0, kill_at - time.monotonic()))
+        owner.process.kill()
+        killed = time.monotonic() - started
+        for thread in threads:
+            thread.join()
+        promoted = [n.port for n in cluster.nodes if n is not owner and n.cli("ROLE").startswith("master")
+                    and n.cli("DBSIZE") == "1"]
+        stats = envoy.stats()
+    finally:
+        procs.stop_all()
+    records.sort()
+    failed = [r for r in records if r[2] != 200]
+    admitted = sum(1 for r in records if r[2] == 200) + (1 if first else 0)
+    last_remaining = next((int(r[3]) for r in reversed(records) if r[2] == 200 and r[3]), None)
+    spent = FAILOVER_LIMIT - last_remaining if last_remaining is not None else None
+    report = {
+        "requests": len(records),
+        "killed_at_s": round(killed, 3),
+        "replica_promoted": bool(promoted),
+        "failure_mode_decisions": len(failed),
+        "failure_window_s": round(failed[-1][0] - failed[0][0] + failed[-1][1], 3) if failed else 0.0,
+        "first_failure_after_kill_s": round(failed[0][0] - killed, 3) if failed else None,
+        "slowest_request_s": round(max(r[1] for r in records), 3),
+        "admitted": admitted,
+        "spent_in_redis": spent,
+        "admissions_forgotten": admitted - spent if spent is not None else None,
+        "filter_failed_closed": sum(v for k, v in stats.items() if k.endswith("failed_closed")),
+        "crossed_the_hour": time.strftime("%H", time.gmtime(time.time() - (time.monotonic() - started)))
+        != time.strftime("%H", time.gmtime()),
+    }
+    report["statuses"] = {}
+    for r in records:  # errors carry their text: grouped by it
+        report["statuses"][str(r[2])] = report["statuses"].get(str(r[2]), 0) + 1
+    (OUT / "failover.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+
+
 # --------------------------------------------------------------------------- main
 
 def main():
@@ -756,6 +860,8 @@ def main():
     parser.add_argument("--skip-cluster", action="store_true",
                         help="leave out the exact global row through a 3-master Redis Cluster")
     parser.add_argument("--shim-workers", type=int, help="TOKIO_WORKER_THREADS for the shim (default: one per core)")
+    parser.add_argument("--failover", action="store_true",
+                        help="instead of the sweep: kill a Redis Cluster master under traffic (see failover())")
     parser.add_argument("--profile", metavar="NAME",
                         help="instead of the sweep: perf-record Envoy, the shim and Redis under closed-loop load")
     args = parser.parse_args()
@@ -779,6 +885,8 @@ def main():
         experiments.append(("rl_abusive_100_before", "abusive client (100/s), the --wasm-before build",
                             ratelimit({}, limit=100, period="1s", wasm=before)))
     configs = [c for c in CONFIGS + experiments if c[0] in args.only.split(",")] if args.only else CONFIGS
+    if args.failover:
+        return failover(args)
     if args.profile:
         return profile(args, next(c for c in CONFIGS + EXPERIMENTS if c[0] == args.profile))
     procs = Processes()
