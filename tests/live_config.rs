@@ -21,7 +21,7 @@ fn policy(limit: u64, period: &str) -> Value {
         "shim_cluster": "ratelimit_shim",
         "timeout": "5s",
         // Off, so that every answer below comes from the counter in Redis: with it, an
-        // Envoy keeps refusing a client it saw refused until the retry time it was given,
+        // Envoy keeps refusing a client it saw refused for up to a second after the swap,
         // whatever the new limit (docs/CONFIG.md).
         "deny_cache": false,
         "rules": [{ "name": "per-api-key", "key": [{ "header": "x-api-key" }],

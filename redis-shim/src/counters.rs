@@ -13,6 +13,7 @@ use crate::cli::CountersCommand;
 use ratelimit_wasm::attributes::{GivenRequest, RequestAttributes};
 use ratelimit_wasm::config::{FilterConfig, Rule, Scope};
 use ratelimit_wasm::keys::{part_value, KeyPart};
+use ratelimit_wasm::local::DENY_RECHECK_MS;
 use ratelimit_wasm::plan::{plan, tier_for, PlannedCheck};
 use ratelimit_wire::{Check, CheckRequest, CheckResult, TOKEN_HEADER};
 use serde_json::{json, Value};
@@ -232,11 +233,16 @@ fn reset_notes(config: &FilterConfig, rows: &[RuleRow], before: &[CheckResult], 
         return vec![];
     }
     let mut notes = vec![];
-    let refused_for = before.iter().map(|r| r.retry_after_ms).max().unwrap_or(0);
+    let refused_for = before
+        .iter()
+        .map(|r| r.retry_after_ms)
+        .max()
+        .unwrap_or(0)
+        .min(DENY_RECHECK_MS);
     if config.deny_cache && refused_for > 0 {
         notes.push(format!(
             "Envoys that already refused this client remember it (deny_cache): each keeps \
-             refusing it locally for up to {} more, the retry-after it was given",
+             refusing it locally for up to {} more, until it asks the shim again",
             duration(refused_for)
         ));
     }

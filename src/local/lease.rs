@@ -115,7 +115,8 @@ impl<S: SlotStore> LocalLayer<'_, S> {
         let learned = self.update(fingerprint, |record| {
             let mut learned = (None, None);
             if remember_denial {
-                record.deny_until_ms = now_ms + deny_for_ms;
+                record.deny_until_ms = now_ms + deny_for_ms.min(super::DENY_RECHECK_MS);
+                record.deny_retry_at_ms = now_ms + deny_for_ms;
                 record.deny_cost = cost;
                 record.deny_reset_at_ms = now_ms + result.reset_ms;
             }

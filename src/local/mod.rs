@@ -28,6 +28,12 @@ use crate::wire::{CheckResult, Rate, TokenReturn};
 use slots::update;
 use step::LocalStep;
 
+/// Longest this Envoy refuses a counter from its deny cache before asking the shim again,
+/// however far the refusal's retry time: a counter reset by an operator, or a limit
+/// raised, reaches every Envoy within this time, for one shim check per refused key per
+/// Envoy per interval.
+pub const DENY_RECHECK_MS: u64 = 1_000;
+
 /// The local layer of one filter instance on one worker: its configuration over its
 /// slot table.
 pub struct LocalLayer<'a, S> {

@@ -11,7 +11,7 @@
 use super::bucket::Bucket;
 
 /// Encoded size of a slot.
-pub const RECORD_LEN: usize = 13 * 8;
+pub const RECORD_LEN: usize = 14 * 8;
 const MAX_ATTEMPTS: usize = 16;
 
 /// Access to the slot table.
@@ -37,8 +37,12 @@ pub struct SlotRecord {
     pub fingerprint: u64,
     pub bucket: Bucket,
     pub fallback: Bucket,
+    /// Until when this Envoy refuses the counter without asking the shim: the refusal's
+    /// retry time, at most [`DENY_RECHECK_MS`](super::DENY_RECHECK_MS) after it was learned.
     pub deny_until_ms: u64,
     pub deny_cost: u64,
+    /// When the refused request may be retried, as the shim reported it.
+    pub deny_retry_at_ms: u64,
     /// When the refused counter is full again, as the shim reported it.
     pub deny_reset_at_ms: u64,
     pub lease_tokens: u64,
@@ -61,6 +65,7 @@ impl SlotRecord {
             self.fallback.updated_ms,
             self.deny_until_ms,
             self.deny_cost,
+            self.deny_retry_at_ms,
             self.deny_reset_at_ms,
             self.lease_tokens,
             self.lease_expires_ms,
@@ -86,7 +91,7 @@ impl SlotRecord {
             le.copy_from_slice(chunk);
             *word = u64::from_le_bytes(le);
         }
-        let [fingerprint, tokens, updated_ms, fallback_tokens, fallback_updated_ms, deny_until_ms, deny_cost, deny_reset_at_ms, lease_tokens, lease_expires_ms, lease_stamp, acquirer, acquiring_until_ms] =
+        let [fingerprint, tokens, updated_ms, fallback_tokens, fallback_updated_ms, deny_until_ms, deny_cost, deny_retry_at_ms, deny_reset_at_ms, lease_tokens, lease_expires_ms, lease_stamp, acquirer, acquiring_until_ms] =
             words;
         SlotRecord {
             fingerprint,
@@ -100,6 +105,7 @@ impl SlotRecord {
             },
             deny_until_ms,
             deny_cost,
+            deny_retry_at_ms,
             deny_reset_at_ms,
             lease_tokens,
             lease_expires_ms,

@@ -49,13 +49,15 @@ impl<S: SlotStore> LocalLayer<'_, S> {
         // The deny cache never refuses what this Envoy's own lease can admit.
         if !lease_usable {
             if denies && record.deny_until_ms > now_ms {
+                let retry_at_ms = record.deny_retry_at_ms.max(record.deny_until_ms);
                 let refusal = CheckResult {
                     allowed: false,
                     limit: check.limit,
                     remaining: 0,
-                    // The reset the shim's refusal reported, not the retry time.
-                    reset_ms: record.deny_reset_at_ms.max(record.deny_until_ms) - now_ms,
-                    retry_after_ms: record.deny_until_ms - now_ms,
+                    // The retry time and reset the shim's refusal reported, not when this
+                    // Envoy asks again.
+                    reset_ms: record.deny_reset_at_ms.max(retry_at_ms) - now_ms,
+                    retry_after_ms: retry_at_ms - now_ms,
                     granted: 0,
                     lease_window_ms: 0,
                     lease_stamp: 0,

@@ -110,6 +110,7 @@ fn records_round_trip_and_garbage_reads_as_empty() {
         },
         deny_until_ms: 5,
         deny_cost: 2,
+        deny_retry_at_ms: 7,
         lease_tokens: 9,
         lease_expires_ms: 11,
         ..SlotRecord::default()
@@ -203,19 +204,35 @@ fn a_denied_key_is_refused_locally_until_its_retry_time() {
         .merge_answer(&planned, &mut pass, &[refusal], 1_000)
         .unwrap();
     assert_eq!(pass.checks, [CheckState::Known(refusal)]);
-    let cached = local.before_shim(&planned, 3_000);
+    let cached = local.before_shim(&planned, 1_500);
     assert!(cached.refused);
     assert_eq!(cached.counts, [count(Stat::DenyCacheHits)]);
-    assert_eq!(known(&cached, 0).retry_after_ms, 3_000);
-    // The cached refusal reports the shim's reset (full at 61,000 ms), as it did.
-    assert_eq!(known(&cached, 0).reset_ms, 58_000);
-    // At the retry time the shim is asked again; other keys never were cached.
-    assert_eq!(local.before_shim(&planned, 6_000).checks, [ask(0)]);
+    // The cached refusal reports the shim's retry time and reset (full at 61,000 ms).
+    assert_eq!(known(&cached, 0).retry_after_ms, 4_500);
+    assert_eq!(known(&cached, 0).reset_ms, 59_500);
+    // A second after learning it, the shim is asked again (a reset or a raised limit
+    // reaches this Envoy within that second); other keys never were cached.
+    assert!(local.before_shim(&planned, 1_999).refused);
+    let mut recheck = local.before_shim(&planned, 2_000);
+    assert_eq!(recheck.checks, [ask(0)]);
     assert!(
         !local
-            .before_shim(&plan(&config, &request("polite")), 3_000)
+            .before_shim(&plan(&config, &request("polite")), 1_500)
             .refused
     );
+    // Still refused: cached for another second, with the retry time it reports.
+    let refusal = CheckResult {
+        reset_ms: 59_000,
+        ..shim_result(false, 0, 4_000)
+    };
+    local
+        .merge_answer(&planned, &mut recheck, &[refusal], 2_000)
+        .unwrap();
+    assert_eq!(
+        known(&local.before_shim(&planned, 2_500), 0).retry_after_ms,
+        3_500
+    );
+    assert_eq!(local.before_shim(&planned, 3_000).checks, [ask(0)]);
 }
 
 #[test]
