@@ -33,6 +33,15 @@ for i in 1 2 3; do row "GET /export #$i" -H "x-api-key: export-$run_id" "$url/ex
 heading "GET /search: 3 per minute per client address (a sliding window log)"
 for i in 1 2 3 4; do row "GET /search #$i" "$url/search?q=$i"; done
 
+heading "POST /v1/chat: 1000 tokens per minute, admitted on an estimate of 100, charged what the answer used"
+chat_key="llm-$run_id"
+for tokens in 300 500 400 50; do
+    row "chat ${tokens}tok" -X POST -H "x-api-key: $chat_key" -H "x-demo-tokens: $tokens" "$url/v1/chat"
+    # The settlement travels with the worker's next call to the shim; give it that moment.
+    sleep 0.2
+done
+echo "(the third answer's 400 tokens put the key 200 in debt: the fourth is refused until it refills)"
+
 echo
 echo "The body of a refused request:"
 curl -s -H "x-api-key: $key" "$url/"

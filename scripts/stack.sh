@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# `stack.sh up` starts Redis (127.0.0.1:8401), the shim (8400) and Envoy (10000, admin
-# 9901, envoy.yaml) in the background and waits until each is ready; `stack.sh down`
+# `stack.sh up` starts Redis (127.0.0.1:8401), the shim (8400), the demo's language-model
+# upstream (8402, scripts/llm-upstream.py) and Envoy (10000, admin 9901, envoy.yaml) in
+# the background and waits until each is ready; `stack.sh down`
 # stops exactly the processes `up` started (their pids are kept in .run/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=.run
-REDIS_PORT=8401 SHIM_PORT=8400 ENVOY_PORT=10000 ADMIN_PORT=9901
+REDIS_PORT=8401 SHIM_PORT=8400 LLM_PORT=8402 ENVOY_PORT=10000 ADMIN_PORT=9901
 
 wait_for() { # description, command...
     local what=$1; shift
@@ -21,7 +22,7 @@ port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 up() {
     mkdir -p "$RUN"
-    for port in $REDIS_PORT $SHIM_PORT $ENVOY_PORT $ADMIN_PORT; do
+    for port in $REDIS_PORT $SHIM_PORT $LLM_PORT $ENVOY_PORT $ADMIN_PORT; do
         port_free "$port" || { echo "stack: port $port is in use (is the stack already up? 'make down')" >&2; exit 1; }
     done
     redis-server --port $REDIS_PORT --bind 127.0.0.1 --save "" --appendonly no \
@@ -33,6 +34,10 @@ up() {
     echo $! >"$RUN/shim.pid"
     wait_for "the shim" curl -sf http://127.0.0.1:$SHIM_PORT/readyz
 
+    python3 scripts/llm-upstream.py $LLM_PORT </dev/null >"$RUN/llm.log" 2>&1 &
+    echo $! >"$RUN/llm.pid"
+    wait_for "the language-model upstream" curl -sf -X POST http://127.0.0.1:$LLM_PORT/v1/chat
+
     # Envoy stops when its parent process exits (it asks the kernel for SIGTERM on its
     # parent's death), so it runs under a shell that stays; stopping that shell stops it.
     sh -c ".venv/bin/envoy -c envoy.yaml --concurrency 2 --use-dynamic-base-id --log-level warn \
@@ -42,12 +47,13 @@ up() {
 
     echo "Redis  redis://127.0.0.1:$REDIS_PORT"
     echo "shim   http://127.0.0.1:$SHIM_PORT  (POST /v1/check and /v1/check-batch, GET /readyz, GET /metrics)"
+    echo "LLM    http://127.0.0.1:$LLM_PORT  (POST /v1/chat: the demo's upstream that reports tokens)"
     echo "Envoy  http://127.0.0.1:$ENVOY_PORT  (admin http://127.0.0.1:$ADMIN_PORT)"
     echo "logs   $RUN/"
 }
 
 down() {
-    for name in envoy shim redis; do
+    for name in envoy llm shim redis; do
         if [ -f "$RUN/$name.pid" ]; then
             pid=$(cat "$RUN/$name.pid")
             kill "$pid" 2>/dev/null || true

@@ -10,7 +10,8 @@
 //! - [`request`]: one request's decision as a state machine, from the plan through the
 //!   [`local`] layer (buckets, deny cache, leases in shared data) and the shim's answer
 //!   ([`shim_call`], batched per worker by [`batch`]) to the [`response`] the client
-//!   gets, with the [`stats`] to count on the way;
+//!   gets, with the [`stats`] to count on the way; [`settlement`] charges an admitted
+//!   request's real cost once its response reports it;
 //! - [`wire`]: the filter-to-shim wire format, the `ratelimit-wire` crate shared with
 //!   `redis-shim`.
 //!
@@ -36,6 +37,7 @@ pub mod matching;
 pub mod plan;
 pub mod request;
 pub mod response;
+pub mod settlement;
 pub mod shim_call;
 pub mod stats;
 pub use ratelimit_wire as wire;

@@ -11,9 +11,10 @@ use crate::config::RuleFailureMode;
 use crate::local::{CheckState, Claim, FallbackVerdict, HeldLease, LocalLayer, LocalPass, SlotStore};
 use crate::plan::PlannedCheck;
 use crate::response::{decide, shadow_refusals, unavailable, Judged, Outcome};
+use crate::settlement::PendingSettlement;
 use crate::shim_call::ShimFailure;
 use crate::stats::{Count, Stat};
-use crate::wire::{Check, CheckResult, TokenReturn};
+use crate::wire::{Check, CheckResult, Settlement, TokenReturn};
 
 /// Something the host records for a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +60,8 @@ pub struct RequestDecision {
     planned: Vec<PlannedCheck>,
     /// What the local layer and the shim have decided so far.
     pass: LocalPass,
+    /// The charges the response settles, once the shim admitted the request.
+    to_settle: Vec<PendingSettlement>,
 }
 
 impl RequestDecision {
@@ -71,6 +74,7 @@ impl RequestDecision {
         let mut request = RequestDecision {
             planned,
             pass: LocalPass::default(),
+            to_settle: Vec::new(),
         };
         let transition = request.run_local(local, now_ms);
         (request, transition)
@@ -108,6 +112,9 @@ impl RequestDecision {
                 events.extend(pass.granted_leases.drain(..).map(Event::LeaseGranted));
                 events.extend(pass.returns.drain(..).map(Event::ReturnTokens));
                 let next = self.decide_known(local, now_ms, &mut events);
+                if let Outcome::Allow { .. } = next {
+                    self.to_settle = self.charges_to_settle();
+                }
                 Transition { next, events }
             }
             Err(mismatch) => self.on_failure(
@@ -156,6 +163,38 @@ impl RequestDecision {
             }
         };
         Transition { next, events }
+    }
+
+    /// The charges of the admitted request that its response settles, taken once.
+    pub fn take_settlements(&mut self) -> Vec<PendingSettlement> {
+        std::mem::take(&mut self.to_settle)
+    }
+
+    /// Each check the shim charged for a rule whose cost the response reports.
+    fn charges_to_settle(&self) -> Vec<PendingSettlement> {
+        self.planned
+            .iter()
+            .zip(&self.pass.checks)
+            .filter_map(|(item, state)| {
+                let CheckState::Known(result) = *state else {
+                    return None;
+                };
+                let source = item.rule.cost_from_response.clone()?;
+                (result.granted > 0).then(|| PendingSettlement {
+                    rule_index: item.rule_index,
+                    source,
+                    settlement: Settlement {
+                        key: item.check.key.clone(),
+                        algorithm: item.check.algorithm,
+                        limit: item.check.limit,
+                        period_ms: item.check.period_ms,
+                        charged: result.granted,
+                        actual: result.granted,
+                        stamp: result.lease_stamp,
+                    },
+                })
+            })
+            .collect()
     }
 
     /// What to ask the shim: each pending check, with the lease it asks for.
@@ -229,7 +268,7 @@ impl RequestDecision {
 mod tests {
     use super::*;
     use crate::attributes::fake::FakeRequest;
-    use crate::config::FilterConfig;
+    use crate::config::{CostSource, FilterConfig};
     use crate::local::tests::MapStore;
     use crate::plan::plan;
     #[cfg(target_arch = "wasm32")]
@@ -358,6 +397,52 @@ mod tests {
             counted(&answered.events),
             [(0, Stat::Allowed), (1, Stat::Allowed)]
         );
+    }
+
+    #[test]
+    fn only_a_request_the_shim_admitted_waits_for_its_real_cost() {
+        let config = config(
+            &[
+                global(
+                    "tokens",
+                    r#", "cost": 3, "cost_from_response": {"header": "x-usage-tokens"}"#,
+                ),
+                global("plain", ""),
+            ]
+            .join(","),
+        );
+        let store = MapStore::with_slots(&config);
+        let local = layer(&config, &store);
+        let charged = CheckResult {
+            granted: 3,
+            lease_stamp: 1_700_000_000_000,
+            ..result(true)
+        };
+        let (mut admitted, _) = start(&config, &store);
+        admitted.on_answer(&local, &[charged, result(true)], NOW_MS);
+        let pending = admitted.take_settlements();
+        assert_eq!(
+            pending.len(),
+            1,
+            "only the rule reading its cost from the response"
+        );
+        assert_eq!(pending[0].rule_index, 0);
+        assert_eq!(pending[0].source, CostSource::Header("x-usage-tokens".into()));
+        let settlement = &pending[0].settlement;
+        assert_eq!(
+            (settlement.charged, settlement.stamp, settlement.limit),
+            (3, 1_700_000_000_000, 10)
+        );
+        assert!(admitted.take_settlements().is_empty(), "taken once");
+
+        // Refused by another rule: nothing was charged, nothing to settle.
+        let (mut refused, _) = start_for("other", &config, &store);
+        refused.on_answer(&local, &[charged, result(false)], NOW_MS);
+        assert!(refused.take_settlements().is_empty());
+        // Let through by the failure mode: the shim charged nothing.
+        let (mut failed, _) = start_for("third", &config, &store);
+        failed.on_failure(&local, ShimFailure::Timeout, NOW_MS);
+        assert!(failed.take_settlements().is_empty());
     }
 
     #[test]

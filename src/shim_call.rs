@@ -4,7 +4,8 @@
 //! call's status and body.
 
 use crate::wire::{
-    BatchAnswer, BatchCheckRequest, BatchCheckResponse, Check, CheckRequest, CheckResult, TokenReturn,
+    BatchAnswer, BatchCheckRequest, BatchCheckResponse, Check, CheckRequest, CheckResult, Settlement,
+    TokenReturn,
 };
 use std::fmt;
 
@@ -48,15 +49,20 @@ impl fmt::Display for ShimFailure {
     }
 }
 
-/// The body of one batched call: each request's checks, in order, and leased tokens
-/// given back.
-pub fn batch_body(requests: Vec<Vec<Check>>, returns: Vec<TokenReturn>) -> Result<Vec<u8>, ShimFailure> {
+/// The body of one batched call: each request's checks, in order, leased tokens given
+/// back and earlier requests settled at their real cost.
+pub fn batch_body(
+    requests: Vec<Vec<Check>>,
+    returns: Vec<TokenReturn>,
+    settlements: Vec<Settlement>,
+) -> Result<Vec<u8>, ShimFailure> {
     let batch = BatchCheckRequest {
         requests: requests
             .into_iter()
             .map(|checks| CheckRequest { checks })
             .collect(),
         returns,
+        settlements,
     };
     serde_json::to_vec(&batch).map_err(|e| ShimFailure::Unreachable(format!("cannot encode the checks: {e}")))
 }

@@ -16,10 +16,12 @@ pub enum Stat {
     ShimTimeouts,
     FailedOpen,
     FailedClosed,
+    CostSettled,
+    CostUnreported,
 }
 
 impl Stat {
-    pub const ALL: [Stat; 11] = [
+    pub const ALL: [Stat; 13] = [
         Stat::Allowed,
         Stat::Denied,
         Stat::ShadowDenied,
@@ -31,6 +33,8 @@ impl Stat {
         Stat::ShimTimeouts,
         Stat::FailedOpen,
         Stat::FailedClosed,
+        Stat::CostSettled,
+        Stat::CostUnreported,
     ];
 
     pub fn name(self) -> &'static str {
@@ -46,6 +50,8 @@ impl Stat {
             Stat::ShimTimeouts => "shim_timeouts",
             Stat::FailedOpen => "failed_open",
             Stat::FailedClosed => "failed_closed",
+            Stat::CostSettled => "cost_settled",
+            Stat::CostUnreported => "cost_unreported",
         }
     }
 

@@ -1,16 +1,22 @@
--- refund.lua: gives back the charges check.lua made on one cluster slot, when a later
--- slot of the same request refused it.
+-- refund.lua: adjusts counters outside a request's check: gives back the charges
+-- check.lua made on one cluster slot when a later slot of the same request refused it,
+-- leased tokens an Envoy did not spend, and the part of an estimated cost a response
+-- showed was not used; or charges what a response showed was used beyond it.
 --
--- Contract: each key gets back `amount` tokens of the charge identified by `stamp`, as
--- far as its algorithm can still find that charge (see each algorithm's header); the
--- counter never goes below empty. Not atomic with the charge: between the two, other
--- requests see the tokens as taken.
+-- Contract: with `amount` > 0, each key gets back `amount` tokens of the charge
+-- identified by `stamp`, as far as its algorithm can still find that charge (see each
+-- algorithm's header); the counter never goes below empty. With `amount` < 0, -amount
+-- tokens are charged now, whatever the counter holds: it may go into debt (a token
+-- bucket's TAT moves past a full period ahead, a window counts past its limit), and
+-- checks are refused until the debt is repaid (the window ends, the bucket refills).
+-- Not atomic with the charge: between the two, other requests see the first charge.
 --
 -- KEYS[i]          counter key of check i
 -- ARGV[5i-4]       algorithm of check i
 -- ARGV[5i-3]       limit (tokens)
 -- ARGV[5i-2]       period (milliseconds)
--- ARGV[5i-1]       amount to give back (the `granted` of check.lua's reply)
+-- ARGV[5i-1]       amount to give back (at most the `granted` of check.lua's reply);
+--                  negative: the amount to charge
 -- ARGV[5i]         stamp (from check.lua's reply)
 -- Reply: one {1, remaining, reset_ms, 0, 0, 0, 0} per key, its state after the refund,
 -- shaped like check.lua's reply.
@@ -24,7 +30,12 @@ for i = 1, #KEYS do
   if not algorithm then
     return redis.error_reply('unknown algorithm ' .. tostring(c.algorithm))
   end
-  algorithm.refund(KEYS[i], c, tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), now)
+  local amount = tonumber(ARGV[base + 3])
+  if amount > 0 then
+    algorithm.refund(KEYS[i], c, amount, tonumber(ARGV[base + 4]), now)
+  elseif amount < 0 then
+    algorithm.charge(KEYS[i], c, algorithm.load(KEYS[i], c, now), -amount, now)
+  end
   local remaining, reset_ms = algorithm.report(c, algorithm.load(KEYS[i], c, now), now)
   reply[i] = {1, remaining, reset_ms, 0, 0, 0, 0}
 end

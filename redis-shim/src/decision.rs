@@ -12,7 +12,7 @@
 
 use crate::scripts::{Charge, Mode, Row};
 use crate::store::{Store, StoreError};
-use ratelimit_wire::{Check, CheckResult, TokenReturn};
+use ratelimit_wire::{Algorithm, Check, CheckResult, Settlement, TokenReturn};
 
 /// What the shim answers for one request, and what it took to decide it.
 #[derive(Debug)]
@@ -101,7 +101,7 @@ async fn refund_slots<S: Store>(
             .map(|&(i, row)| Charge {
                 key: &keys[i],
                 check: &checks[i],
-                granted: row.granted,
+                amount: i64::try_from(row.granted).unwrap_or(i64::MAX),
                 stamp: row.stamp,
             })
             .collect();
@@ -152,6 +152,61 @@ async fn fail<S: Store>(
     }
 }
 
+/// A change to one counter outside any request's check: tokens given back (`amount` > 0)
+/// or charged (`amount` < 0), where `stamp` says.
+struct Adjustment {
+    check: Check,
+    amount: i64,
+    stamp: i64,
+}
+
+impl Adjustment {
+    fn of(
+        key: &str,
+        algorithm: Algorithm,
+        limit: u64,
+        period_ms: u64,
+        amount: i64,
+        stamp: i64,
+    ) -> Adjustment {
+        Adjustment {
+            check: Check {
+                key: key.to_string(),
+                algorithm,
+                limit,
+                period_ms,
+                cost: 1,
+                shadow: false,
+                lease: 0,
+            },
+            amount,
+            stamp,
+        }
+    }
+}
+
+/// Applies `adjustments` (whose Redis keys, prefixed, are `keys`), slot by slot.
+async fn adjust<S: Store>(store: &S, keys: &[String], adjustments: &[Adjustment]) -> Result<(), StoreError> {
+    for group in store.group_by_slot(keys) {
+        let charges: Vec<Charge<'_>> = group
+            .iter()
+            .filter_map(|&i| {
+                let adjustment = adjustments.get(i).filter(|a| a.amount != 0)?;
+                Some(Charge {
+                    key: keys.get(i)?,
+                    check: &adjustment.check,
+                    amount: adjustment.amount,
+                    stamp: adjustment.stamp,
+                })
+            })
+            .collect();
+        if !charges.is_empty() {
+            store.refund(&charges).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Gives back leased tokens an Envoy did not spend (`keys` are the returns' keys with
 /// the shim's prefix), slot by slot. Best effort: a lost return only leaves the counter
 /// stricter than it need be.
@@ -160,34 +215,46 @@ pub async fn give_back<S: Store>(
     keys: &[String],
     returns: &[TokenReturn],
 ) -> Result<(), StoreError> {
-    let checks: Vec<Check> = returns
+    let adjustments: Vec<Adjustment> = returns
         .iter()
-        .map(|back| Check {
-            key: back.key.clone(),
-            algorithm: back.algorithm,
-            limit: back.limit,
-            period_ms: back.period_ms,
-            cost: 1,
-            shadow: false,
-            lease: 0,
+        .map(|back| {
+            let amount = i64::try_from(back.amount).unwrap_or(i64::MAX);
+            Adjustment::of(
+                &back.key,
+                back.algorithm,
+                back.limit,
+                back.period_ms,
+                amount,
+                back.stamp,
+            )
         })
         .collect();
-    for group in store.group_by_slot(keys) {
-        let charges: Vec<Charge<'_>> = group
-            .iter()
-            .filter_map(|&i| {
-                let back = returns.get(i)?;
-                Some(Charge {
-                    key: keys.get(i)?,
-                    check: checks.get(i)?,
-                    granted: back.amount,
-                    stamp: back.stamp,
-                })
-            })
-            .collect();
-        store.refund(&charges).await?;
-    }
-    Ok(())
+    adjust(store, keys, &adjustments).await
+}
+
+/// Settles admitted requests at their real cost (`keys` are the settlements' keys with
+/// the shim's prefix): the difference is charged now, into debt if need be, or given
+/// back to the window it was charged to. Best effort, as a return.
+pub async fn settle<S: Store>(
+    store: &S,
+    keys: &[String],
+    settlements: &[Settlement],
+) -> Result<(), StoreError> {
+    let adjustments: Vec<Adjustment> = settlements
+        .iter()
+        .map(|settled| {
+            let amount = -settled.difference();
+            Adjustment::of(
+                &settled.key,
+                settled.algorithm,
+                settled.limit,
+                settled.period_ms,
+                amount,
+                settled.stamp,
+            )
+        })
+        .collect();
+    adjust(store, keys, &adjustments).await
 }
 
 /// The state of `checks`, whose Redis keys (prefixed) are `keys`, charging nothing:
@@ -395,7 +462,7 @@ mod tests {
             for charge in charges {
                 assert_eq!(charge.stamp, 7, "a refund carries its charge's stamp");
                 let taken = state.taken.entry(charge.key.to_string()).or_default();
-                *taken -= charge.granted;
+                *taken = taken.saturating_add_signed(-charge.amount);
                 rows.push(Row {
                     admits: true,
                     remaining: charge.check.limit - *taken,

@@ -137,7 +137,7 @@ pub async fn check_batch(State(shim): State<Arc<Shim>>, headers: HeaderMap, body
             return error(StatusCode::BAD_REQUEST, message);
         }
     };
-    // Tokens given back first, so the requests of this batch can have them.
+    // Tokens given back and costs settled first, so the requests of this batch see them.
     if !batch.returns.is_empty() {
         let keys: Vec<String> = batch
             .returns
@@ -146,6 +146,16 @@ pub async fn check_batch(State(shim): State<Arc<Shim>>, headers: HeaderMap, body
             .collect();
         if let Err(error) = decision::give_back(&shim.store, &keys, &batch.returns).await {
             tracing::warn!(%error, keys = ?keys, "returning unspent leased tokens failed");
+        }
+    }
+    if !batch.settlements.is_empty() {
+        let keys: Vec<String> = batch
+            .settlements
+            .iter()
+            .map(|settled| format!("{}{}", shim.config.key_prefix, settled.key))
+            .collect();
+        if let Err(error) = decision::settle(&shim.store, &keys, &batch.settlements).await {
+            tracing::warn!(%error, keys = ?keys, "settling requests at their real cost failed");
         }
     }
     // The requests that find no permit are refused one by one, as if each had come

@@ -84,18 +84,20 @@ pub fn check_invocation<'a>(
     invocation
 }
 
-/// A charge check.lua made, to be given back by refund.lua.
+/// A charge check.lua made, to be given back (or, settled at a higher real cost,
+/// increased) by refund.lua.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Charge<'a> {
     pub key: &'a str,
     pub check: &'a Check,
-    /// The tokens charged: the `granted` of check.lua's reply.
-    pub granted: u64,
+    /// The tokens to give back (the `granted` of check.lua's reply, or part of it);
+    /// negative: the tokens to charge now beyond it.
+    pub amount: i64,
     /// Where they went: the `stamp` of check.lua's reply.
     pub stamp: i64,
 }
 
-/// A refund.lua invocation giving back each of `charges`.
+/// A refund.lua invocation adjusting each of `charges`.
 pub fn refund_invocation<'a>(scripts: &'a Scripts, charges: &[Charge<'_>]) -> ScriptInvocation<'a> {
     let mut invocation = scripts.refund.prepare_invoke();
     for charge in charges {
@@ -104,7 +106,7 @@ pub fn refund_invocation<'a>(scripts: &'a Scripts, charges: &[Charge<'_>]) -> Sc
             .arg(charge.check.algorithm.as_str())
             .arg(charge.check.limit)
             .arg(charge.check.period_ms)
-            .arg(charge.granted)
+            .arg(charge.amount)
             .arg(charge.stamp);
     }
     invocation
@@ -136,7 +138,7 @@ impl Row {
             retry_after_ms: self.retry_after_ms,
             granted: self.granted,
             lease_window_ms: self.lease_window_ms,
-            lease_stamp: if self.granted > check.cost { self.stamp } else { 0 },
+            lease_stamp: if self.granted > 0 { self.stamp } else { 0 },
         }
     }
 }

@@ -124,6 +124,30 @@ pub struct Rule {
     pub lease: Option<Lease>,
     /// What this rule does when the shim cannot answer.
     pub on_failure: RuleFailureMode,
+    /// Where the response says what the request really cost: the admission charges the
+    /// estimate (`cost`), the end of the response settles the difference.
+    pub cost_from_response: Option<CostSource>,
+}
+
+/// The JSON body read for a reported cost, unless configured: a chat completion's usage
+/// sits in a body of a few KiB.
+pub const DEFAULT_COST_BODY_BYTES: usize = 64 * 1024;
+/// Most of a JSON body the filter keeps per request to read a reported cost.
+pub const MAX_COST_BODY_BYTES: usize = 1024 * 1024;
+
+/// Where a response reports its request's real cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CostSource {
+    /// A response header (lower-case name).
+    Header(String),
+    /// A response trailer (lower-case name), for streamed responses.
+    Trailer(String),
+    /// A number in an `application/json` response body of at most `max_body_bytes`, at
+    /// this path of object fields.
+    JsonField {
+        path: Vec<String>,
+        max_body_bytes: usize,
+    },
 }
 
 /// Where a rule's limit is enforced.
@@ -205,6 +229,7 @@ impl Rule {
             local: None,
             lease: None,
             on_failure: RuleFailureMode::Open,
+            cost_from_response: None,
         }
     }
 }

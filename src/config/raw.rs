@@ -99,6 +99,21 @@ pub(super) struct RawRule {
     pub(super) failure_mode: Option<RawRuleFailureMode>,
     #[serde(default)]
     pub(super) fallback: Option<RawLocalLimit>,
+    #[serde(default)]
+    pub(super) cost_from_response: Option<RawCostFromResponse>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCostFromResponse {
+    #[serde(default)]
+    pub(super) header: Option<String>,
+    #[serde(default)]
+    pub(super) trailer: Option<String>,
+    #[serde(default)]
+    pub(super) json_field: Option<String>,
+    #[serde(default)]
+    pub(super) max_body_bytes: Option<i64>,
 }
 
 #[derive(Deserialize)]

@@ -3,9 +3,12 @@
 //! can apply, a lease must hold the largest cost).
 
 use super::model::{
-    FailureMode, Lease, Rule, RuleFailureMode, Scope, Tier, TierCondition, ValueTest, WeightedCost,
+    CostSource, FailureMode, Lease, Rule, RuleFailureMode, Scope, Tier, TierCondition, ValueTest,
+    WeightedCost, DEFAULT_COST_BODY_BYTES, MAX_COST_BODY_BYTES,
 };
-use super::raw::{RawCost, RawLease, RawLocalLimit, RawRule, RawRuleFailureMode, RawTier};
+use super::raw::{
+    RawCost, RawCostFromResponse, RawLease, RawLocalLimit, RawRule, RawRuleFailureMode, RawTier,
+};
 use super::{parse_duration, ConfigError};
 use crate::keys::{counter_name, KeyPart};
 use crate::matching::{RawMatch, RequestMatch};
@@ -13,6 +16,8 @@ use crate::wire::{Algorithm, Limit, Period, Rate};
 
 /// Longest rule name; names are part of every counter key.
 pub const MAX_RULE_NAME_LEN: usize = 64;
+/// Deepest JSON path of a reported cost.
+const MAX_JSON_PATH_DEPTH: usize = 8;
 
 fn is_rule_name(name: &str) -> bool {
     !name.is_empty()
@@ -163,6 +168,96 @@ fn compile_failure_mode(
     })
 }
 
+/// A header or trailer name as Envoy stores it: lower-case token characters.
+fn compile_field_name(field: String, name: &str) -> Result<String, ConfigError> {
+    let valid = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    if !valid {
+        return Err(ConfigError::new(
+            field,
+            "must be a header name (token characters, no ':')",
+        ));
+    }
+    Ok(name.to_ascii_lowercase())
+}
+
+/// Where the response reports the real cost, for an algorithm that can settle it: one
+/// that keeps a count (a sliding window log keeps one entry per token), through the
+/// shim (a local rule and a lease spend tokens this Envoy holds).
+fn compile_cost_from_response(
+    at: &str,
+    raw: RawCostFromResponse,
+    algorithm: Algorithm,
+    scope: Scope,
+    has_lease: bool,
+) -> Result<CostSource, ConfigError> {
+    let field = format!("{at}.cost_from_response");
+    if algorithm == Algorithm::SlidingWindowLog {
+        return Err(ConfigError::new(
+            format!("{at}.algorithm"),
+            "a sliding_window_log keeps one entry per token and cannot be settled from the response: use token_bucket, fixed_window or sliding_window_counter",
+        ));
+    }
+    if scope == Scope::Local {
+        return Err(ConfigError::new(
+            format!("{at}.scope"),
+            "a cost from the response is settled through the shim: the rule must be global",
+        ));
+    }
+    if has_lease {
+        return Err(ConfigError::new(
+            format!("{at}.lease"),
+            "leased tokens are spent without the shim: a rule with cost_from_response takes no lease",
+        ));
+    }
+    let body_limit = |raw: Option<i64>| -> Result<usize, ConfigError> {
+        let Some(bytes) = raw else {
+            return Ok(DEFAULT_COST_BODY_BYTES);
+        };
+        usize::try_from(bytes)
+            .ok()
+            .filter(|bytes| (1..=MAX_COST_BODY_BYTES).contains(bytes))
+            .ok_or_else(|| {
+                ConfigError::new(
+                    format!("{field}.max_body_bytes"),
+                    format!("must be 1..={MAX_COST_BODY_BYTES}"),
+                )
+            })
+    };
+    match (raw.header, raw.trailer, raw.json_field) {
+        (Some(header), None, None) if raw.max_body_bytes.is_none() => Ok(CostSource::Header(
+            compile_field_name(format!("{field}.header"), &header)?,
+        )),
+        (None, Some(trailer), None) if raw.max_body_bytes.is_none() => Ok(CostSource::Trailer(
+            compile_field_name(format!("{field}.trailer"), &trailer)?,
+        )),
+        (None, None, Some(json_field)) => {
+            let path: Vec<String> = json_field.split('.').map(str::to_string).collect();
+            if path.iter().any(String::is_empty) || path.len() > MAX_JSON_PATH_DEPTH {
+                return Err(ConfigError::new(
+                    format!("{field}.json_field"),
+                    format!("must be 1..={MAX_JSON_PATH_DEPTH} non-empty field names joined by '.', e.g. usage.total_tokens"),
+                ));
+            }
+            Ok(CostSource::JsonField {
+                path,
+                max_body_bytes: body_limit(raw.max_body_bytes)?,
+            })
+        }
+        (_, _, None) if raw.max_body_bytes.is_some() => Err(ConfigError::new(
+            format!("{field}.max_body_bytes"),
+            "only applies with json_field",
+        )),
+        _ => Err(ConfigError::new(
+            field,
+            "give exactly one of header, trailer or json_field",
+        )),
+    }
+}
+
 impl RawRule {
     pub(super) fn compile(
         self,
@@ -231,6 +326,10 @@ impl RawRule {
             default_failure_mode,
             largest_cost,
         )?;
+        let cost_from_response = self
+            .cost_from_response
+            .map(|raw| compile_cost_from_response(at, raw, self.algorithm, self.scope, lease.is_some()))
+            .transpose()?;
         Ok(Rule {
             counter: counter_name(&self.name, self.algorithm, rate.period_ms()),
             name: self.name,
@@ -246,6 +345,7 @@ impl RawRule {
             local,
             lease,
             on_failure,
+            cost_from_response,
         })
     }
 }

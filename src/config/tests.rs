@@ -267,3 +267,81 @@ fn refuses_what_would_pass_validation_and_then_misbehave() {
         assert_eq!(error_for(&json).field, field, "{json}");
     }
 }
+
+#[test]
+fn cost_from_response_names_where_the_cost_is_read() {
+    let rule = |extra: &str| {
+        with_rule(&format!(
+            r#"{{"name": "r", "key": ["client_ip"], "limit": 1000, "period": "1m", "cost": 100, {extra}}}"#
+        ))
+    };
+    let source = |extra: &str| {
+        FilterConfig::from_json(rule(extra).as_bytes()).unwrap().rules[0]
+            .cost_from_response
+            .clone()
+    };
+    assert_eq!(
+        source(r#""cost_from_response": {"header": "X-Usage-Tokens"}"#),
+        Some(CostSource::Header("x-usage-tokens".into()))
+    );
+    assert_eq!(
+        source(r#""cost_from_response": {"trailer": "x-usage-tokens"}"#),
+        Some(CostSource::Trailer("x-usage-tokens".into()))
+    );
+    assert_eq!(
+        source(r#""cost_from_response": {"json_field": "usage.total_tokens"}"#),
+        Some(CostSource::JsonField {
+            path: vec!["usage".into(), "total_tokens".into()],
+            max_body_bytes: DEFAULT_COST_BODY_BYTES,
+        })
+    );
+    assert_eq!(source(r#""shadow": false"#), None);
+    let cases = [
+        (r#""cost_from_response": {}"#, "rules[0].cost_from_response"),
+        (
+            r#""cost_from_response": {"header": "a", "trailer": "b"}"#,
+            "rules[0].cost_from_response",
+        ),
+        (
+            r#""cost_from_response": {"header": "x usage"}"#,
+            "rules[0].cost_from_response.header",
+        ),
+        (
+            r#""cost_from_response": {"trailer": ":status"}"#,
+            "rules[0].cost_from_response.trailer",
+        ),
+        (
+            r#""cost_from_response": {"json_field": "usage..tokens"}"#,
+            "rules[0].cost_from_response.json_field",
+        ),
+        (
+            r#""cost_from_response": {"json_field": "usage", "max_body_bytes": 0}"#,
+            "rules[0].cost_from_response.max_body_bytes",
+        ),
+        (
+            r#""cost_from_response": {"json_field": "usage", "max_body_bytes": 2000000}"#,
+            "rules[0].cost_from_response.max_body_bytes",
+        ),
+        (
+            r#""cost_from_response": {"header": "x", "max_body_bytes": 10}"#,
+            "rules[0].cost_from_response.max_body_bytes",
+        ),
+        (r#""cost_from_response": {"header": "x", "colour": 1}"#, "colour"),
+        (
+            r#""cost_from_response": {"header": "x"}, "algorithm": "sliding_window_log""#,
+            "rules[0].algorithm",
+        ),
+        (
+            r#""cost_from_response": {"header": "x"}, "scope": "local""#,
+            "rules[0].scope",
+        ),
+        (
+            r#""cost_from_response": {"header": "x"}, "lease": {"size": 200, "ttl": "1s"}"#,
+            "rules[0].lease",
+        ),
+    ];
+    for (extra, field) in cases {
+        let err = error_for(&rule(extra));
+        assert!(err.to_string().contains(field), "{err} should name {field}");
+    }
+}

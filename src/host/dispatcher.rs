@@ -17,7 +17,7 @@ use crate::batch::{Batch, Batcher, Call};
 use crate::local::{Claim, HeldLease};
 use crate::request::{Start, Transition};
 use crate::shim_call::{batch_body, read_batch_answer, RequestAnswer, ShimFailure};
-use crate::wire::{Check, TokenReturn, CHECK_BATCH_PATH, MAX_BATCH, TOKEN_HEADER};
+use crate::wire::{Check, Settlement, TokenReturn, CHECK_BATCH_PATH, MAX_BATCH, TOKEN_HEADER};
 use proxy_wasm::types::{Action, LogLevel, MapType, Status};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -56,6 +56,10 @@ pub struct Dispatcher {
     held_leases: RefCell<HashMap<u64, HeldLease>>,
     /// Unspent leased tokens to give back with the next call.
     returns: RefCell<Vec<TokenReturn>>,
+    /// Earlier requests' real costs, to settle with the next call.
+    settlements: RefCell<Vec<Settlement>>,
+    /// The root has been woken to send the returns and settlements: no second wake-up.
+    flush_woken: Cell<bool>,
     call_refused_logged: Cell<bool>,
 }
 
@@ -68,6 +72,8 @@ impl Dispatcher {
             lease_waiters: RefCell::new(Vec::new()),
             held_leases: RefCell::new(HashMap::new()),
             returns: RefCell::new(Vec::new()),
+            settlements: RefCell::new(Vec::new()),
+            flush_woken: Cell::new(false),
             call_refused_logged: Cell::new(false),
         }
     }
@@ -80,6 +86,47 @@ impl Dispatcher {
     /// Queues unspent tokens for the next call.
     pub fn give_back(&self, back: TokenReturn) {
         self.returns.borrow_mut().push(back);
+    }
+
+    /// Queues requests' real costs to settle, and has them sent soon: with a call already
+    /// due, or alone. Runs in any context: only the root makes the call.
+    pub fn settle(&self, settlements: Vec<Settlement>) {
+        if settlements.is_empty() {
+            return;
+        }
+        self.settlements.borrow_mut().extend(settlements);
+        if self.flush_woken.replace(true) {
+            return;
+        }
+        if let Err(error) = enqueue_shared_queue(self.wake_queue, b"1") {
+            // The root's tick sends them instead.
+            self.flush_woken.set(false);
+            log(
+                LogLevel::Warn,
+                &format!("cannot wake the worker's dispatcher: {error}"),
+            );
+        }
+    }
+
+    /// Whether tokens or settlements wait to go back to the shim.
+    fn has_adjustments(&self) -> bool {
+        !self.returns.borrow().is_empty() || !self.settlements.borrow().is_empty()
+    }
+
+    /// Sends the waiting returns and settlements in a call of their own when no request
+    /// waits to carry them and a call may start.
+    fn send_adjustments_when_idle(&self, worker: &Worker, now: u64) {
+        let idle = !self.batcher.borrow().has_waiting() && self.batcher.borrow().may_call();
+        if idle && self.has_adjustments() {
+            self.send(
+                worker,
+                Batch {
+                    members: Vec::new(),
+                    timeout_ms: worker.config.shim.timeout_ms(),
+                },
+                now,
+            );
+        }
     }
 
     /// Takes what expired leases left, and sends it back at once when no call is due to
@@ -100,17 +147,7 @@ impl Dispatcher {
                 self.give_back(back);
             }
         }
-        let idle = !self.batcher.borrow().has_waiting() && self.batcher.borrow().may_call();
-        if idle && !self.returns.borrow().is_empty() {
-            self.send(
-                worker,
-                Batch {
-                    members: Vec::new(),
-                    timeout_ms: worker.config.shim.timeout_ms(),
-                },
-                now,
-            );
-        }
+        self.send_adjustments_when_idle(worker, now);
     }
 
     /// Carries out where the local layer left a request: decided (applied now), or
@@ -217,6 +254,7 @@ impl Dispatcher {
     /// The root was woken through the queue.
     pub fn on_wake(&self, worker: &Worker) {
         hostcalls::drain_shared_queue(self.wake_queue);
+        self.flush_woken.set(false);
         self.batcher.borrow_mut().woken();
         self.dispatch_waiting(worker);
     }
@@ -269,6 +307,7 @@ impl Dispatcher {
                 if expired || !next.dropped.is_empty() {
                     continue;
                 }
+                self.send_adjustments_when_idle(worker, now);
                 return;
             };
             self.send(worker, batch, now);
@@ -281,17 +320,15 @@ impl Dispatcher {
             timeout_ms,
         } = batch;
         let shim = &worker.config.shim;
-        let returns = {
-            let mut returns = self.returns.borrow_mut();
-            let count = returns.len().min(MAX_BATCH);
-            returns.drain(..count).collect()
-        };
+        let returns = take_up_to_a_batch(&self.returns);
+        let settlements = take_up_to_a_batch(&self.settlements);
         let body = batch_body(
             requests
                 .iter_mut()
                 .map(|request| std::mem::take(&mut request.checks))
                 .collect(),
             returns,
+            settlements,
         );
         let sent = body.and_then(|body| {
             let mut headers = vec![
@@ -419,6 +456,13 @@ impl Dispatcher {
             resume_http_request();
         }
     }
+}
+
+/// The first [`MAX_BATCH`] of `queue`, which one call carries.
+fn take_up_to_a_batch<T>(queue: &RefCell<Vec<T>>) -> Vec<T> {
+    let mut queue = queue.borrow_mut();
+    let count = queue.len().min(MAX_BATCH);
+    queue.drain(..count).collect()
 }
 
 /// Resumes the request of the current context.

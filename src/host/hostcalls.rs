@@ -83,6 +83,14 @@ pub fn http_call_response_body(size: usize) -> Vec<u8> {
         .unwrap_or_default()
 }
 
+/// The chunk of the response body passing through this callback.
+pub fn response_body_chunk(size: usize) -> Vec<u8> {
+    hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
 /// Starts an HTTP call to `cluster`; the answer arrives under the returned token.
 pub fn dispatch_http_call(
     cluster: &str,

@@ -2,13 +2,15 @@
 //! its checks and starts deciding it ([`PendingRequest`]); adds the rate-limit headers
 //! to the response.
 
-use super::hostcalls::{add_response_header, now_ms, property_bytes, property_text, request_headers};
+use super::hostcalls::{
+    add_response_header, header, now_ms, property_bytes, property_text, request_headers, response_body_chunk,
+};
 use super::request_state::PendingRequest;
 use super::Worker;
 use crate::attributes::{claim_text, combined_header, RequestAttributes};
 use crate::plan::plan;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
+use proxy_wasm::types::{Action, MapType};
 use std::cell::OnceCell;
 use std::rc::Rc;
 
@@ -47,7 +49,19 @@ impl RequestAttributes for HostRequest<'_> {
     }
 }
 
-impl Context for RateLimitRequest {}
+impl Context for RateLimitRequest {
+    /// The stream ended, however: the response's costs are settled now, whether or not
+    /// the client is still there, with the worker's next call to the shim.
+    fn on_done(&mut self) -> bool {
+        let costs = std::mem::take(&mut self.request.state.borrow_mut().response_costs);
+        if !costs.is_empty() {
+            let (settlements, counts) = costs.finish();
+            self.worker.count(counts);
+            self.worker.dispatcher.settle(settlements);
+        }
+        true
+    }
+}
 
 impl HttpContext for RateLimitRequest {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
@@ -65,9 +79,34 @@ impl HttpContext for RateLimitRequest {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let headers = std::mem::take(&mut self.request.state.borrow_mut().response_headers);
-        for (name, value) in headers {
+        let mut state = self.request.state.borrow_mut();
+        for (name, value) in std::mem::take(&mut state.response_headers) {
             let _ = add_response_header(&name, &value);
+        }
+        if !state.response_costs.is_empty() {
+            state
+                .response_costs
+                .read_headers(|name| header(MapType::HttpResponseHeaders, name));
+        }
+        Action::Continue
+    }
+
+    /// Each chunk passes on at once; a copy is kept only while a rule reads its cost from
+    /// a JSON body.
+    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+        let mut state = self.request.state.borrow_mut();
+        if state.response_costs.wants_body() {
+            state.response_costs.add_body(&response_body_chunk(body_size));
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        let mut state = self.request.state.borrow_mut();
+        if !state.response_costs.is_empty() {
+            state
+                .response_costs
+                .read_trailers(|name| header(MapType::HttpResponseTrailers, name));
         }
         Action::Continue
     }

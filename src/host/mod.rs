@@ -15,6 +15,7 @@ mod stats;
 use crate::config::FilterConfig;
 use crate::local::LocalLayer;
 use crate::request::Event;
+use crate::stats::Count;
 use dispatcher::Dispatcher;
 use hostcalls::{log, SharedData};
 use proxy_wasm::traits::RootContext;
@@ -47,6 +48,12 @@ impl Worker {
             store: &SharedData,
             worker: self.id,
             may_await_lease,
+        }
+    }
+
+    fn count(&self, counts: Vec<Count>) {
+        for count in counts {
+            self.stats.count(count);
         }
     }
 

@@ -8,6 +8,7 @@ use super::Worker;
 use crate::plan::PlannedCheck;
 use crate::request::{RequestDecision, Start, Transition};
 use crate::response::{Headers, Outcome};
+use crate::settlement::ResponseCosts;
 use crate::shim_call::RequestAnswer;
 use proxy_wasm::types::{Action, LogLevel};
 use std::cell::RefCell;
@@ -21,6 +22,8 @@ pub struct RequestState {
     deadline_ms: u64,
     /// Rate-limit headers to add to the allowed response.
     pub response_headers: Headers,
+    /// The charges the response settles, with what it reports so far.
+    pub response_costs: ResponseCosts,
 }
 
 /// A request in flight through the host: its context and its shared state.
@@ -76,6 +79,7 @@ impl RequestState {
         match transition.next {
             Outcome::Allow { headers } => {
                 self.response_headers = headers;
+                self.response_costs = ResponseCosts::new(self.decision.take_settlements());
                 Action::Continue
             }
             Outcome::Reply(reply) => {

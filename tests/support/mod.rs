@@ -11,6 +11,7 @@
 pub mod envoy;
 pub mod fixtures;
 pub mod http;
+pub mod llm;
 pub mod ports;
 pub mod process;
 pub mod redis;
@@ -19,6 +20,7 @@ pub mod shim;
 pub use envoy::*;
 pub use fixtures::*;
 pub use http::*;
+pub use llm::*;
 pub use ports::*;
 pub use process::*;
 pub use redis::*;

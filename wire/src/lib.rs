@@ -13,6 +13,10 @@
 //! - A check with `lease: N` (N >= cost) asks for up to N tokens: when allowed it is
 //!   charged and granted `min(N, available / 2)` (at least `cost`), reported in
 //!   `granted`, with `lease_window_ms` bounding when they may be spent.
+//! - A settlement (`settlements` of a batch) adjusts the counter an admitted request was
+//!   charged to by its real cost, known only from the response: `actual - charged` more
+//!   (the counter may go into debt, at most [`MAX_DEBT_LIMITS`] limits deep) or
+//!   `charged - actual` back.
 //! - `remaining` counts whole requests of cost 1 still admissible now (after the charge);
 //!   `reset_ms` is the time until the counter is back to its full limit; `retry_after_ms`
 //!   the time until this check would admit the request (0 when it admits).
@@ -37,6 +41,10 @@ pub const TOKEN_HEADER: &str = "x-ratelimit-token";
 pub const MAX_CHECKS: usize = 16;
 /// Longest counter key accepted, before the shim's namespace prefix.
 pub const MAX_KEY_LEN: usize = 200;
+/// Deepest debt a settlement may charge, in limits: a response reporting more than this
+/// beyond its estimate is charged this much (the client waits this many periods of a
+/// token bucket at most), which keeps every time in the scripts exact.
+pub const MAX_DEBT_LIMITS: u64 = 100;
 
 /// The counting algorithm a check runs in Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -120,13 +128,45 @@ pub struct CheckResponse {
 
 /// `POST /v1/check-batch` body: several requests' checks, each decided on its own (all or
 /// nothing within a request, independently across requests), and leased tokens an Envoy
-/// gives back unspent, applied first.
+/// gives back unspent and settlements of earlier requests' real costs, applied first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BatchCheckRequest {
     pub requests: Vec<CheckRequest>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub returns: Vec<TokenReturn>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub settlements: Vec<Settlement>,
+}
+
+/// The real cost of an admitted request, read from its response: the counter `key` it
+/// was charged `charged` tokens to (where `stamp` says: the result's `lease_stamp`) is
+/// adjusted to `actual`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settlement {
+    pub key: String,
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    pub limit: u64,
+    pub period_ms: u64,
+    pub charged: u64,
+    pub actual: u64,
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub stamp: i64,
+}
+
+impl Settlement {
+    /// Tokens to charge beyond the estimate (positive, at most [`MAX_DEBT_LIMITS`]
+    /// limits) or to give back (negative).
+    pub fn difference(&self) -> i64 {
+        let extra = self
+            .actual
+            .saturating_sub(self.charged)
+            .min(self.limit.saturating_mul(MAX_DEBT_LIMITS));
+        let back = self.charged.saturating_sub(self.actual);
+        i64::try_from(extra).unwrap_or(i64::MAX) - i64::try_from(back).unwrap_or(i64::MAX)
+    }
 }
 
 /// Leased tokens given back unspent: `amount` tokens to the counter `key`, charged where
@@ -182,7 +222,8 @@ pub struct CheckResult {
     /// into a window they were not charged to; 0: no bound but the rule's lease ttl.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub lease_window_ms: u64,
-    /// Where a lease's tokens were charged, to give back what is left unspent.
+    /// Where this request's tokens were charged (a window's start; 0 for a token bucket):
+    /// what a lease's return of unspent tokens, or a settlement, names.
     #[serde(default, skip_serializing_if = "is_zero_i64")]
     pub lease_stamp: i64,
 }
@@ -228,9 +269,10 @@ impl BatchCheckRequest {
     /// Checks the batch's own bounds; each request is validated on its own.
     pub fn validate(&self) -> Result<(), InvalidRequest> {
         let fail = |msg: String| Err(InvalidRequest(msg));
-        if self.requests.len() > MAX_BATCH || (self.requests.is_empty() && self.returns.is_empty()) {
+        let adjusts = !self.returns.is_empty() || !self.settlements.is_empty();
+        if self.requests.len() > MAX_BATCH || (self.requests.is_empty() && !adjusts) {
             return fail(format!(
-                "requests: must contain 1..={MAX_BATCH} requests (or none, with returns)"
+                "requests: must contain 1..={MAX_BATCH} requests (or none, with returns or settlements)"
             ));
         }
         if self.returns.len() > MAX_BATCH {
@@ -246,6 +288,28 @@ impl BatchCheckRequest {
             )?;
             if back.amount == 0 || back.amount > back.limit {
                 return fail(format!("returns[{i}].amount: must be 1..=limit"));
+            }
+        }
+        if self.settlements.len() > MAX_BATCH {
+            return fail(format!("settlements: at most {MAX_BATCH}"));
+        }
+        for (i, settled) in self.settlements.iter().enumerate() {
+            let at = format!("settlements[{i}]");
+            check_counter(
+                &at,
+                &settled.key,
+                settled.algorithm,
+                settled.limit,
+                settled.period_ms,
+            )?;
+            if settled.algorithm == Algorithm::SlidingWindowLog {
+                return fail(format!("{at}.algorithm: a sliding_window_log cannot be settled"));
+            }
+            if settled.charged == 0 || settled.charged > settled.limit {
+                return fail(format!("{at}.charged: must be 1..=limit"));
+            }
+            if settled.actual > MAX_LIMIT {
+                return fail(format!("{at}.actual: at most {MAX_LIMIT}"));
             }
         }
         Ok(())
@@ -333,6 +397,7 @@ mod tests {
         let empty = BatchCheckRequest {
             requests: vec![],
             returns: vec![],
+            settlements: vec![],
         };
         assert!(empty.validate().unwrap_err().0.contains("requests"));
         let full = BatchCheckRequest {
@@ -343,6 +408,7 @@ mod tests {
                 MAX_BATCH + 1
             ],
             returns: vec![],
+            settlements: vec![],
         };
         assert!(full.validate().is_err());
         let token_return = |amount| TokenReturn {
@@ -356,13 +422,62 @@ mod tests {
         let returns_only = BatchCheckRequest {
             requests: vec![],
             returns: vec![token_return(3)],
+            settlements: vec![],
         };
         assert_eq!(returns_only.validate(), Ok(()));
         let too_much = BatchCheckRequest {
             requests: vec![],
             returns: vec![token_return(11)],
+            settlements: vec![],
         };
         assert!(too_much.validate().unwrap_err().0.contains("returns[0].amount"));
+    }
+
+    #[test]
+    fn a_settlement_charges_the_difference_within_the_debt_bound() {
+        let settled = |charged, actual| Settlement {
+            key: "r:{k}".into(),
+            algorithm: Algorithm::TokenBucket,
+            limit: 10,
+            period_ms: 60_000,
+            charged,
+            actual,
+            stamp: 0,
+        };
+        assert_eq!(settled(3, 8).difference(), 5);
+        assert_eq!(settled(3, 1).difference(), -2);
+        assert_eq!(settled(3, 0).difference(), -3);
+        assert_eq!(settled(3, 3).difference(), 0);
+        assert_eq!(settled(1, MAX_LIMIT).difference(), 10 * MAX_DEBT_LIMITS as i64);
+        let batch = |settlement| BatchCheckRequest {
+            requests: vec![],
+            returns: vec![],
+            settlements: vec![settlement],
+        };
+        assert_eq!(batch(settled(3, 8)).validate(), Ok(()));
+        let cases = [
+            (settled(0, 8), "settlements[0].charged"),
+            (settled(11, 8), "settlements[0].charged"),
+            (settled(3, MAX_LIMIT + 1), "settlements[0].actual"),
+            (
+                Settlement {
+                    algorithm: Algorithm::SlidingWindowLog,
+                    ..settled(3, 8)
+                },
+                "settlements[0].algorithm",
+            ),
+            (
+                Settlement {
+                    limit: 0,
+                    ..settled(3, 8)
+                },
+                "settlements[0].limit",
+            ),
+        ];
+        for (settlement, field) in cases {
+            let err = batch(settlement).validate().unwrap_err();
+            assert!(err.0.contains(field), "{err} should name {field}");
+        }
     }
 
     #[test]
