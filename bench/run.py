@@ -320,7 +320,7 @@ class RedisCluster:
             config = OUT / f"redis-cluster-{i}-nodes.conf"
             config.unlink(missing_ok=True)
             process = procs.start(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                   "--appendonly", "no", "--cluster-enabled", "yes", "--cluster-port", str(bus),
+                                   "--appendonly", "no", "--dir", str(OUT), "--dbfilename", f"dump-{port}.rdb", "--cluster-enabled", "yes", "--cluster-port", str(bus),
                                    "--cluster-config-file", str(config), "--cluster-node-timeout", "1000"],
                                   OUT / f"redis-cluster-{i}.log", core=LOAD_CORE)
             self.nodes.append(Redis.__new__(Redis))
