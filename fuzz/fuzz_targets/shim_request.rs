@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ratelimit_wire::{BatchCheckRequest, CheckRequest, MAX_CHECKS, MAX_KEY_LEN};
+use ratelimit_wire::{BatchCheckRequest, CheckRequest, MAX_CHECKS, MAX_DEBT_LIMITS, MAX_KEY_LEN};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(request) = serde_json::from_slice::<CheckRequest>(data) {
@@ -20,6 +20,12 @@ fuzz_target!(|data: &[u8]| {
         if batch.validate().is_ok() {
             for back in &batch.returns {
                 assert!(back.amount >= 1 && back.amount <= back.limit);
+            }
+            // A settlement gives back at most its charge and charges at most its debt bound.
+            for settled in &batch.settlements {
+                let difference = settled.difference();
+                assert!(difference >= -(settled.charged as i64));
+                assert!(difference <= (settled.limit * MAX_DEBT_LIMITS) as i64);
             }
             for request in &batch.requests {
                 let _ = request.validate();
