@@ -16,10 +16,13 @@ pub enum Stat {
     ShimTimeouts,
     FailedOpen,
     FailedClosed,
+    /// Concurrency slots given back when their request's stream ended: with `allowed`,
+    /// what a concurrency rule admitted, the difference is what is in flight (or leaked).
+    Released,
 }
 
 impl Stat {
-    pub const ALL: [Stat; 11] = [
+    pub const ALL: [Stat; 12] = [
         Stat::Allowed,
         Stat::Denied,
         Stat::ShadowDenied,
@@ -31,6 +34,7 @@ impl Stat {
         Stat::ShimTimeouts,
         Stat::FailedOpen,
         Stat::FailedClosed,
+        Stat::Released,
     ];
 
     pub fn name(self) -> &'static str {
@@ -46,6 +50,7 @@ impl Stat {
             Stat::ShimTimeouts => "shim_timeouts",
             Stat::FailedOpen => "failed_open",
             Stat::FailedClosed => "failed_closed",
+            Stat::Released => "released",
         }
     }
 

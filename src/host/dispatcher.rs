@@ -17,6 +17,7 @@ use crate::batch::{Batch, Batcher, Call};
 use crate::local::{Claim, HeldLease};
 use crate::request::{Start, Transition};
 use crate::shim_call::{batch_body, read_batch_answer, RequestAnswer, ShimFailure};
+use crate::stream_end::{granted_to_gone, Held, SlotAsked};
 use crate::wire::{Check, TokenReturn, CHECK_BATCH_PATH, MAX_BATCH, TOKEN_HEADER};
 use proxy_wasm::types::{Action, LogLevel, MapType, Status};
 use std::cell::{Cell, RefCell};
@@ -33,6 +34,9 @@ pub struct QueuedRequest {
     /// The lease acquisitions it makes: when it ends, the requests waiting for them run
     /// again.
     pub claims: Vec<Claim>,
+    /// The checks that can grant it a concurrency slot: released at once when the answer
+    /// finds the stream gone.
+    pub slots: Vec<SlotAsked>,
     /// When it joined the queue, in µs: the queued_us histogram.
     pub queued_at_us: u64,
 }
@@ -54,7 +58,8 @@ pub struct Dispatcher {
     lease_waiters: RefCell<Vec<LeaseWaiter>>,
     /// Leases this worker acquired for the Envoy, by counter, until they expire.
     held_leases: RefCell<HashMap<u64, HeldLease>>,
-    /// Unspent leased tokens to give back with the next call.
+    /// Tokens to give back with the next call: unspent leased tokens, released
+    /// concurrency slots.
     returns: RefCell<Vec<TokenReturn>>,
     call_refused_logged: Cell<bool>,
 }
@@ -80,6 +85,27 @@ impl Dispatcher {
     /// Queues unspent tokens for the next call.
     pub fn give_back(&self, back: TokenReturn) {
         self.returns.borrow_mut().push(back);
+    }
+
+    /// Makes the queued returns leave now rather than with the next request's call: wakes
+    /// the root, which sends them (alone, if no request waits) as soon as a call may
+    /// start. With every call in flight, the first to end sends them. Any context may
+    /// call this; the call itself is the root's.
+    pub fn flush_returns(&self) {
+        if self.returns.borrow().is_empty() {
+            return;
+        }
+        let wake = self.batcher.borrow_mut().wake_for_returns();
+        if wake {
+            if let Err(error) = enqueue_shared_queue(self.wake_queue, b"1") {
+                // The root's tick sends them instead.
+                self.batcher.borrow_mut().woken();
+                log(
+                    LogLevel::Warn,
+                    &format!("cannot wake the worker's dispatcher: {error}"),
+                );
+            }
+        }
     }
 
     /// Takes what expired leases left, and sends it back at once when no call is due to
@@ -132,13 +158,18 @@ impl Dispatcher {
                     events,
                 },
             ),
-            Start::AskShim { checks, claims } => {
+            Start::AskShim {
+                checks,
+                claims,
+                slots,
+            } => {
                 worker.record(events);
                 let queued = QueuedRequest {
                     context_id: request.context_id,
                     state: Rc::downgrade(&request.state),
                     checks,
                     claims,
+                    slots,
                     queued_at_us: now_us(),
                 };
                 self.submit(queued, deadline_ms);
@@ -222,10 +253,14 @@ impl Dispatcher {
     }
 
     /// The safety net: requests that wait without a wake-up (none should) are sent or
-    /// failed within about one timeout.
+    /// failed within about one timeout, and returns left behind go.
     pub fn on_tick(&self, worker: &Worker) {
         let now = now_ms();
         self.return_expired_leases(worker, now);
+        if !self.returns.borrow().is_empty() {
+            self.batcher.borrow_mut().woken();
+            self.dispatch_waiting(worker);
+        }
         let overdue: Vec<u64> = self
             .lease_waiters
             .borrow()
@@ -267,6 +302,16 @@ impl Dispatcher {
             self.after_acquisitions(worker, &next.dropped, now);
             let Some(batch) = next.batch else {
                 if expired || !next.dropped.is_empty() {
+                    continue;
+                }
+                // No request to carry the returns: they go alone (each call takes a
+                // batch's worth), so a released slot is free again within a round trip.
+                if !self.returns.borrow().is_empty() && self.batcher.borrow().may_call() {
+                    let returns_only = Batch {
+                        members: Vec::new(),
+                        timeout_ms: worker.config.shim.timeout_ms(),
+                    };
+                    self.send(worker, returns_only, now);
                     continue;
                 }
                 return;
@@ -409,14 +454,28 @@ impl Dispatcher {
         answer: RequestAnswer,
     ) {
         let Some(state) = request.state.upgrade() else {
+            self.release_for_gone_stream(worker, request, &answer);
             return;
         };
         if contexts.enter(request.context_id).is_err() {
+            self.release_for_gone_stream(worker, request, &answer);
             return;
         }
         let action = state.borrow_mut().answered(worker, now, answer);
         if let Action::Continue = action {
             resume_http_request();
+        }
+    }
+
+    /// The answer found the request's stream gone (the client went away while it
+    /// waited): what it granted goes back at once, queued for the next call.
+    fn release_for_gone_stream(&self, worker: &Worker, request: &QueuedRequest, answer: &RequestAnswer) {
+        let Ok(results) = answer else {
+            return;
+        };
+        let released = granted_to_gone(&request.slots, results);
+        if !released.is_empty() {
+            worker.record(released.into_iter().flat_map(Held::into_events).collect());
         }
     }
 }

@@ -47,7 +47,16 @@ impl RequestAttributes for HostRequest<'_> {
     }
 }
 
-impl Context for RateLimitRequest {}
+impl Context for RateLimitRequest {
+    /// The stream is over, whatever ended it (response complete, upstream reset,
+    /// timeout, client abort, a later filter's reply): the request gives back what it
+    /// holds. `on_log` does the same, whichever comes first: the second finds nothing
+    /// left.
+    fn on_done(&mut self) -> bool {
+        self.request.end_stream(&self.worker);
+        true
+    }
+}
 
 impl HttpContext for RateLimitRequest {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
@@ -62,6 +71,11 @@ impl HttpContext for RateLimitRequest {
         }
         let transition = self.request.start(&worker, planned, now_ms());
         worker.dispatcher.proceed(&worker, &self.request, transition)
+    }
+
+    /// The stream is over (see `on_done`).
+    fn on_log(&mut self) {
+        self.request.end_stream(&self.worker);
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {

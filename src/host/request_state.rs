@@ -57,6 +57,16 @@ impl PendingRequest {
     pub fn apply(&self, worker: &Worker, transition: Transition<Outcome>) -> Action {
         self.state.borrow_mut().apply(worker, transition)
     }
+
+    /// The request's stream ended, however: what it holds goes back with the worker's
+    /// next call, sent now if none is due.
+    pub fn end_stream(&self, worker: &Worker) {
+        let events = self.state.borrow_mut().decision.end_stream();
+        if !events.is_empty() {
+            worker.record(events);
+            worker.dispatcher.flush_returns();
+        }
+    }
 }
 
 impl RequestState {
@@ -68,6 +78,12 @@ impl RequestState {
             Ok(results) => self.decision.on_answer(&local, &results, now),
             Err(failure) => self.decision.on_failure(&local, failure, now),
         };
+        if self.decision.stream_ended() {
+            // Nobody to answer: the step's events give back what the answer granted.
+            worker.record(transition.events);
+            worker.dispatcher.flush_returns();
+            return Action::Pause;
+        }
         self.apply(worker, transition)
     }
 

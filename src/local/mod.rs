@@ -24,7 +24,7 @@ pub use slots::{create_slots, fingerprint, slot_of, SlotError, SlotRecord, SlotS
 use crate::config::{FilterConfig, RuleFailureMode, Scope};
 use crate::plan::PlannedCheck;
 use crate::stats::{Count, Stat};
-use crate::wire::{CheckResult, Rate, TokenReturn};
+use crate::wire::{Algorithm, CheckResult, Rate, TokenReturn};
 use slots::update;
 use step::LocalStep;
 
@@ -33,6 +33,14 @@ use step::LocalStep;
 /// raised, reaches every Envoy within this time, for one shim check per refused key per
 /// Envoy per interval.
 pub const DENY_RECHECK_MS: u64 = 1_000;
+
+/// Whether a refusal of this algorithm holds until a time the shim can tell, so the deny
+/// cache may keep it (and predict it from an admission that took the last token). A
+/// concurrency refusal lifts whenever a request in flight ends, at any moment: it is
+/// never cached, and every concurrency check asks the shim.
+pub(crate) fn refusals_last(algorithm: Algorithm) -> bool {
+    algorithm != Algorithm::Concurrency
+}
 
 /// The local layer of one filter instance on one worker: its configuration over its
 /// slot table.

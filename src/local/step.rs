@@ -45,7 +45,10 @@ impl<S: SlotStore> LocalLayer<'_, S> {
         let lease = rule.lease.filter(|_| rule.scope == Scope::Global);
         let lease_usable =
             lease.is_some() && record.lease_tokens >= check.cost && now_ms < record.lease_expires_ms;
-        let denies = self.config.deny_cache && !rule.shadow && check.cost >= record.deny_cost;
+        let denies = self.config.deny_cache
+            && !rule.shadow
+            && super::refusals_last(rule.algorithm)
+            && check.cost >= record.deny_cost;
         // The deny cache never refuses what this Envoy's own lease can admit.
         if !lease_usable {
             if denies && record.deny_until_ms > now_ms {
@@ -60,7 +63,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                     retry_after_ms: retry_at_ms - now_ms,
                     granted: 0,
                     lease_window_ms: 0,
-                    lease_stamp: 0,
+                    stamp: 0,
                 };
                 return (LocalStep::DenyCached(refusal), false);
             }
@@ -95,7 +98,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                 retry_after_ms: 0,
                 granted: check.cost,
                 lease_window_ms: 0,
-                lease_stamp: 0,
+                stamp: 0,
             };
             return (LocalStep::Leased(leased, bucket), true);
         }

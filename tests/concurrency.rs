@@ -1,0 +1,326 @@
+//! Concurrency limits end to end: real Envoys loading the built filter, the real shim,
+//! real Redis, and a real upstream that holds responses open (`support/upstream.rs`).
+//! A slot is taken when a request is admitted and given back when its stream ends,
+//! however it ends; the Redis sorted set of slots in flight is the ground truth.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use support::*;
+
+const RULE: &str = "in-flight";
+
+fn concurrency_config(limit: u64, max_duration: &str) -> Value {
+    json!({
+        "shim_cluster": "ratelimit_shim",
+        // Generous: a slow answer on a loaded machine must not turn into a fail-open
+        // admission, which takes no slot and would blur the counts asserted here.
+        "timeout": "5s",
+        "response": { "headers": "both" },
+        "rules": [{ "name": RULE, "algorithm": "concurrency", "key": [{ "header": "x-api-key" }],
+                    "limit": limit, "max_duration": max_duration }]
+    })
+}
+
+fn start_envoy(shim: &Shim, config: &Value, upstream: &Upstream) -> Envoy {
+    Envoy::start_bootstrap(&envoy_config_to_upstream(shim.port, config, upstream.port))
+}
+
+/// Slots taken in Redis right now, over every concurrency key (expired ones included
+/// until they are trimmed or their key expires).
+fn slots_in_redis(redis: &Redis) -> u64 {
+    redis
+        .cli(&["--scan", "--pattern", "*/cc*"])
+        .lines()
+        .filter(|key| !key.trim().is_empty())
+        .map(|key| redis.cli(&["ZCARD", key.trim()]).parse::<u64>().unwrap_or(0))
+        .sum()
+}
+
+/// A request the upstream holds until `release(name)`; the reply arrives when it ends.
+fn hold(envoy: &Envoy, api_key: &str, name: &str) -> JoinHandle<Reply> {
+    let (url, api_key, name) = (envoy.url("/work"), api_key.to_string(), name.to_string());
+    std::thread::spawn(move || {
+        get(
+            &url,
+            &[("x-api-key", &api_key), ("x-upstream", "hold"), ("x-hold", &name)],
+        )
+    })
+}
+
+fn refused_now(envoy: &Envoy, api_key: &str) -> Reply {
+    get(&envoy.url("/work"), &[("x-api-key", api_key)])
+}
+
+#[test]
+fn the_limit_is_exact_across_two_envoys_and_a_release_lets_the_next_in() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &[]);
+    let upstream = Upstream::start();
+    let config = concurrency_config(3, "60s");
+    let envoys = [
+        start_envoy(&shim, &config, &upstream),
+        start_envoy(&shim, &config, &upstream),
+    ];
+    let held: Vec<JoinHandle<Reply>> = ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| hold(&envoys[i % 2], "team-1", name))
+        .collect();
+    wait_until("three requests held upstream", Duration::from_secs(20), || {
+        upstream.in_flight() == 3
+    });
+    assert_eq!(slots_in_redis(&redis), 3);
+
+    for envoy in &envoys {
+        let refused = refused_now(envoy, "team-1");
+        assert_eq!(refused.status, 429, "{refused:?}");
+        assert_eq!(refused.header("retry-after"), Some("1"));
+        assert_eq!(
+            refused.header("ratelimit-policy"),
+            Some(r#""in-flight";q=3;qu="concurrent-requests""#)
+        );
+        assert_eq!(refused.header("ratelimit"), Some(r#""in-flight";r=0;t=1"#));
+        assert_eq!(refused.number("x-ratelimit-limit"), 3);
+        assert_eq!(refused.number("x-ratelimit-remaining"), 0);
+        let body: Value = serde_json::from_str(&refused.body).unwrap();
+        assert_eq!(body["quota_unit"], "concurrent-requests");
+    }
+    // Another key has its own slots.
+    let other = hold(&envoys[1], "team-2", "other");
+    wait_until("team-2 held", Duration::from_secs(20), || {
+        upstream.received("other")
+    });
+    upstream.release("other");
+    let other = other.join().unwrap();
+    assert_eq!(other.status, 200, "{other:?}");
+    assert_eq!(
+        other.header("ratelimit"),
+        Some(r#""in-flight";r=2"#),
+        "its one request in flight left two slots, and no reset time is promised"
+    );
+
+    // One ends: its slot comes back, and the next request (on the other Envoy) gets in.
+    upstream.release("a");
+    let first = held.into_iter().next().unwrap().join().unwrap();
+    assert_eq!(first.status, 200, "{first:?}");
+    let state = first.header("ratelimit").unwrap();
+    assert!(
+        state.starts_with(r#""in-flight";r="#) && !state.contains("t="),
+        "{state}"
+    );
+    wait_until("the released slot back in Redis", Duration::from_secs(10), || {
+        slots_in_redis(&redis) == 2
+    });
+    let next = hold(&envoys[1], "team-1", "d");
+    wait_until("the next request held", Duration::from_secs(20), || {
+        upstream.received("d")
+    });
+    assert_eq!(
+        refused_now(&envoys[0], "team-1").status,
+        429,
+        "three in flight again"
+    );
+    for name in ["b", "c", "d"] {
+        upstream.release(name);
+    }
+    assert_eq!(next.join().unwrap().status, 200);
+    wait_until("every slot released", Duration::from_secs(10), || {
+        slots_in_redis(&redis) == 0
+    });
+}
+
+/// How one request of the leak test ends.
+#[derive(Clone, Copy, Debug)]
+enum Ending {
+    Complete,
+    Delayed,
+    UpstreamReset,
+    RouteTimeout,
+    LaterFilterRefuses,
+    /// The client goes away while the upstream holds the request.
+    ClientAbortHeld,
+    /// The client goes away right after sending: while the request waits for the shim,
+    /// or later.
+    ClientAbortAtOnce,
+}
+
+fn ending(n: usize) -> Ending {
+    match n % 10 {
+        0..=2 => Ending::Complete,
+        3 => Ending::Delayed,
+        4 => Ending::UpstreamReset,
+        5 => Ending::LaterFilterRefuses,
+        6 => Ending::ClientAbortHeld,
+        7 => Ending::ClientAbortAtOnce,
+        // Each takes the route timeout: a few of them.
+        8 if n % 40 == 8 => Ending::RouteTimeout,
+        _ => Ending::Complete,
+    }
+}
+
+/// Sends one request ending as `ending`; returns its status (0: the client left).
+fn send(
+    agent: &ureq::Agent,
+    envoy: &Envoy,
+    upstream: &Upstream,
+    api_key: &str,
+    name: &str,
+    ending: Ending,
+) -> u16 {
+    let url = envoy.url("/work");
+    let with = |extra: &[(&str, &str)]| {
+        let mut headers = vec![("x-api-key", api_key)];
+        headers.extend_from_slice(extra);
+        get_with(agent, &url, &headers).status
+    };
+    match ending {
+        Ending::Complete => with(&[]),
+        Ending::Delayed => with(&[("x-upstream", "delay-3")]),
+        Ending::UpstreamReset => with(&[("x-upstream", "reset")]),
+        Ending::RouteTimeout => with(&[("x-upstream", "never")]),
+        Ending::LaterFilterRefuses => with(&[("x-envoy-fault-abort-request", "503")]),
+        Ending::ClientAbortHeld | Ending::ClientAbortAtOnce => {
+            let mut stream = TcpStream::connect(("127.0.0.1", envoy.port)).unwrap();
+            let request = format!(
+                "GET /work HTTP/1.1\r\nhost: test\r\nx-api-key: {api_key}\r\nx-upstream: hold\r\nx-hold: {name}\r\n\r\n"
+            );
+            stream.write_all(request.as_bytes()).unwrap();
+            if let Ending::ClientAbortHeld = ending {
+                // Until the upstream has it, or Envoy answered (refused).
+                stream.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+                let deadline = Instant::now() + Duration::from_secs(20);
+                let mut byte = [0u8; 1];
+                while !upstream.received(name) && Instant::now() < deadline {
+                    if let Ok(1) = stream.read(&mut byte) {
+                        break;
+                    }
+                }
+            }
+            0
+        }
+    }
+}
+
+#[test]
+fn no_slot_leaks_after_thousands_of_requests_ending_every_way() {
+    const THREADS: usize = 8;
+    const PER_THREAD: usize = 300;
+    const LIMIT: u64 = 4;
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &[]);
+    let upstream = std::sync::Arc::new(Upstream::start());
+    let config = concurrency_config(LIMIT, "60s");
+    let envoy = std::sync::Arc::new(start_envoy(&shim, &config, &upstream));
+    let started = Instant::now();
+    let workers: Vec<JoinHandle<Vec<u16>>> = (0..THREADS)
+        .map(|thread| {
+            let (envoy, upstream) = (envoy.clone(), upstream.clone());
+            std::thread::spawn(move || {
+                let agent = agent();
+                let api_key = format!("key-{}", thread % 4);
+                (0..PER_THREAD)
+                    .map(|n| {
+                        let name = format!("t{thread}-{n}");
+                        send(&agent, &envoy, &upstream, &api_key, &name, ending(n + thread))
+                    })
+                    .collect()
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+    let took = started.elapsed();
+    assert_eq!(statuses.len(), THREADS * PER_THREAD);
+    let count = |status| statuses.iter().filter(|&&s| s == status).count();
+    eprintln!(
+        "{} requests in {took:?}: {} 200, {} 429, {} 503, {} 504, {} aborted by the client",
+        statuses.len(),
+        count(200),
+        count(429),
+        count(503),
+        count(504),
+        count(0)
+    );
+    assert!(count(200) > THREADS * PER_THREAD / 4, "most complete");
+    assert!(
+        count(503) > 0 && count(504) > 0,
+        "fault aborts and route timeouts happened"
+    );
+
+    // Every stream has ended: every slot comes back, well before max_duration (60 s).
+    wait_until("every slot released", Duration::from_secs(15), || {
+        slots_in_redis(&redis) == 0
+    });
+    assert_eq!(upstream.in_flight(), 0, "the upstream holds nothing");
+    let allowed = envoy.stat(&format!("wasmcustom.ratelimit.{RULE}.allowed"));
+    let released = envoy.stat(&format!("wasmcustom.ratelimit.{RULE}.released"));
+    // An answer that found its client gone is released without being counted allowed.
+    assert!(
+        released >= allowed && allowed > 0,
+        "allowed {allowed}, released {released}"
+    );
+
+    // And the full limit is there for each key: LIMIT new holds all admitted.
+    let holds: Vec<JoinHandle<Reply>> = (0..4)
+        .flat_map(|key| (0..LIMIT).map(move |i| (key, i)))
+        .map(|(key, i)| hold(&envoy, &format!("key-{key}"), &format!("after-{key}-{i}")))
+        .collect();
+    wait_until("every key's full limit held", Duration::from_secs(20), || {
+        upstream.in_flight() == 4 * LIMIT as i64
+    });
+    assert_eq!(refused_now(&envoy, "key-0").status, 429);
+    for key in 0..4 {
+        for i in 0..LIMIT {
+            upstream.release(&format!("after-{key}-{i}"));
+        }
+    }
+    for reply in holds {
+        assert_eq!(reply.join().unwrap().status, 200);
+    }
+    wait_until("every slot released", Duration::from_secs(10), || {
+        slots_in_redis(&redis) == 0
+    });
+}
+
+#[test]
+fn the_slots_of_a_killed_envoy_come_back_after_max_duration() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &[]);
+    let upstream = Upstream::start();
+    let config = concurrency_config(2, "2s");
+    let mut doomed = start_envoy(&shim, &config, &upstream);
+    let survivor = start_envoy(&shim, &config, &upstream);
+    let held = [hold(&doomed, "k", "x"), hold(&doomed, "k", "y")];
+    wait_until("both slots held", Duration::from_secs(20), || {
+        upstream.received("x") && upstream.received("y")
+    });
+    let taken_at = Instant::now();
+    doomed.process.kill();
+    for reply in held {
+        reply.join().unwrap();
+    }
+    // Nobody released them: the survivor is refused while they last.
+    assert_eq!(slots_in_redis(&redis), 2);
+    assert_eq!(refused_now(&survivor, "k").status, 429);
+    wait_until("the lost slots expired", Duration::from_secs(15), || {
+        slots_in_redis(&redis) == 0
+    });
+    assert!(
+        taken_at.elapsed() > Duration::from_millis(1_000),
+        "they lasted until max_duration, not less ({:?})",
+        taken_at.elapsed()
+    );
+    let again = [hold(&survivor, "k", "z1"), hold(&survivor, "k", "z2")];
+    wait_until("two new holds admitted", Duration::from_secs(20), || {
+        upstream.received("z1") && upstream.received("z2")
+    });
+    upstream.release("z1");
+    upstream.release("z2");
+    for reply in again {
+        assert_eq!(reply.join().unwrap().status, 200);
+    }
+}
