@@ -135,11 +135,14 @@ fn the_limit_is_exact_across_two_envoys_and_a_release_lets_the_next_in() {
 }
 
 /// How one request of the leak test ends.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ending {
     Complete,
     Delayed,
+    /// The upstream closes the connection mid-response (after its headers).
     UpstreamReset,
+    /// The upstream closes the connection before it answers anything.
+    UpstreamResetEarly,
     RouteTimeout,
     LaterFilterRefuses,
     /// The client goes away while the upstream holds the request.
@@ -153,12 +156,13 @@ fn ending(n: usize) -> Ending {
     match n % 10 {
         0..=2 => Ending::Complete,
         3 => Ending::Delayed,
-        4 => Ending::UpstreamReset,
+        4 if n % 20 < 10 => Ending::UpstreamReset,
+        4 => Ending::UpstreamResetEarly,
         5 => Ending::LaterFilterRefuses,
         6 => Ending::ClientAbortHeld,
         7 => Ending::ClientAbortAtOnce,
         // Each takes the route timeout: a few of them.
-        8 if n % 40 == 8 => Ending::RouteTimeout,
+        8 if n % 40 < 10 => Ending::RouteTimeout,
         _ => Ending::Complete,
     }
 }
@@ -181,9 +185,24 @@ fn send(
     match ending {
         Ending::Complete => with(&[]),
         Ending::Delayed => with(&[("x-upstream", "delay-3")]),
-        Ending::UpstreamReset => with(&[("x-upstream", "reset")]),
+        Ending::UpstreamResetEarly => with(&[("x-upstream", "reset-early")]),
         Ending::RouteTimeout => with(&[("x-upstream", "never")]),
         Ending::LaterFilterRefuses => with(&[("x-envoy-fault-abort-request", "503")]),
+        Ending::UpstreamReset => {
+            // The response's head arrives, its body never does: its status is all there
+            // is to read (the client would otherwise wait for Envoy's delayed close).
+            let mut stream = TcpStream::connect(("127.0.0.1", envoy.port)).unwrap();
+            let request = format!(
+                "GET /work HTTP/1.1\r\nhost: test\r\nx-api-key: {api_key}\r\nx-upstream: reset\r\n\r\n"
+            );
+            stream.write_all(request.as_bytes()).unwrap();
+            stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut head = [0u8; 12];
+            match stream.read_exact(&mut head) {
+                Ok(()) => String::from_utf8_lossy(&head[9..12]).parse().unwrap_or(0),
+                Err(_) => 0,
+            }
+        }
         Ending::ClientAbortHeld | Ending::ClientAbortAtOnce => {
             let mut stream = TcpStream::connect(("127.0.0.1", envoy.port)).unwrap();
             let request = format!(
@@ -209,7 +228,7 @@ fn send(
 #[test]
 fn no_slot_leaks_after_thousands_of_requests_ending_every_way() {
     const THREADS: usize = 8;
-    const PER_THREAD: usize = 300;
+    const PER_THREAD: usize = 400;
     const LIMIT: u64 = 4;
     let redis = Redis::start();
     let shim = Shim::start(&redis.url(), &[]);
@@ -217,33 +236,34 @@ fn no_slot_leaks_after_thousands_of_requests_ending_every_way() {
     let config = concurrency_config(LIMIT, "60s");
     let envoy = std::sync::Arc::new(start_envoy(&shim, &config, &upstream));
     let started = Instant::now();
-    let workers: Vec<JoinHandle<Vec<u16>>> = (0..THREADS)
+    let workers: Vec<JoinHandle<Vec<(Ending, u16)>>> = (0..THREADS)
         .map(|thread| {
             let (envoy, upstream) = (envoy.clone(), upstream.clone());
             std::thread::spawn(move || {
                 let agent = agent();
-                let api_key = format!("key-{}", thread % 4);
+                // Four threads per key, at a limit of four: keys run full at times.
+                let api_key = format!("key-{}", thread % 2);
                 (0..PER_THREAD)
                     .map(|n| {
                         let name = format!("t{thread}-{n}");
-                        send(&agent, &envoy, &upstream, &api_key, &name, ending(n + thread))
+                        let ending = ending(n + thread);
+                        (ending, send(&agent, &envoy, &upstream, &api_key, &name, ending))
                     })
                     .collect()
             })
         })
         .collect();
-    let statuses: Vec<u16> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+    let statuses: Vec<(Ending, u16)> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
     let took = started.elapsed();
     assert_eq!(statuses.len(), THREADS * PER_THREAD);
-    let count = |status| statuses.iter().filter(|&&s| s == status).count();
+    let count = |status| statuses.iter().filter(|&&(_, s)| s == status).count();
+    let mut by_ending = std::collections::BTreeMap::new();
+    for (ending, status) in &statuses {
+        *by_ending.entry(format!("{ending:?} {status}")).or_insert(0) += 1;
+    }
     eprintln!(
-        "{} requests in {took:?}: {} 200, {} 429, {} 503, {} 504, {} aborted by the client",
-        statuses.len(),
-        count(200),
-        count(429),
-        count(503),
-        count(504),
-        count(0)
+        "{} requests in {took:?}, by ending and status: {by_ending:?}",
+        statuses.len()
     );
     assert!(count(200) > THREADS * PER_THREAD / 4, "most complete");
     assert!(
@@ -255,7 +275,9 @@ fn no_slot_leaks_after_thousands_of_requests_ending_every_way() {
     wait_until("every slot released", Duration::from_secs(15), || {
         slots_in_redis(&redis) == 0
     });
-    assert_eq!(upstream.in_flight(), 0, "the upstream holds nothing");
+    wait_until("the upstream holds nothing", Duration::from_secs(10), || {
+        upstream.in_flight() == 0
+    });
     let allowed = envoy.stat(&format!("wasmcustom.ratelimit.{RULE}.allowed"));
     let released = envoy.stat(&format!("wasmcustom.ratelimit.{RULE}.released"));
     // An answer that found its client gone is released without being counted allowed.
@@ -265,15 +287,15 @@ fn no_slot_leaks_after_thousands_of_requests_ending_every_way() {
     );
 
     // And the full limit is there for each key: LIMIT new holds all admitted.
-    let holds: Vec<JoinHandle<Reply>> = (0..4)
+    let holds: Vec<JoinHandle<Reply>> = (0..2)
         .flat_map(|key| (0..LIMIT).map(move |i| (key, i)))
         .map(|(key, i)| hold(&envoy, &format!("key-{key}"), &format!("after-{key}-{i}")))
         .collect();
     wait_until("every key's full limit held", Duration::from_secs(20), || {
-        upstream.in_flight() == 4 * LIMIT as i64
+        upstream.in_flight() == 2 * LIMIT as i64
     });
     assert_eq!(refused_now(&envoy, "key-0").status, 429);
-    for key in 0..4 {
+    for key in 0..2 {
         for i in 0..LIMIT {
             upstream.release(&format!("after-{key}-{i}"));
         }

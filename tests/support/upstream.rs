@@ -1,7 +1,8 @@
 //! A real HTTP/1.1 upstream for Envoy to route to, whose behaviour each request chooses
 //! with the `x-upstream` header: answer at once (no header), `hold` until the test
 //! releases the request's `x-hold` name, `delay-<ms>`, `reset` (half a response, then
-//! the connection closes), `never` (no answer until Envoy gives up on it). A thread per
+//! the connection closes), `reset-early` (the connection closes before any response),
+//! `never` (no answer until Envoy gives up on it). A thread per
 //! connection on 127.0.0.1; [`Upstream::in_flight`] counts the requests received and not
 //! yet answered, so tests wait on it rather than sleep.
 
@@ -167,6 +168,9 @@ fn answer(stream: &mut TcpStream, shared: &Shared, head: &Head) -> bool {
         }
     } else if behaviour == "never" {
         wait(stream, shared, || false);
+        return false;
+    } else if behaviour == "reset-early" {
+        let _ = stream.shutdown(std::net::Shutdown::Both);
         return false;
     } else if behaviour == "reset" {
         // Headers promising a body that never comes whole.
