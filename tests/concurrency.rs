@@ -346,3 +346,79 @@ fn the_slots_of_a_killed_envoy_come_back_after_max_duration() {
         assert_eq!(reply.join().unwrap().status, 200);
     }
 }
+
+/// concurrency.lua through the shim alone: a slot per admission, its id the stamp, a
+/// release by that id, and check.lua still all or nothing when a concurrency check sits
+/// beside a rate's.
+#[test]
+fn the_script_takes_a_slot_per_admission_releases_it_by_id_and_stays_all_or_nothing() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &[]);
+    let check_url = shim.url("/v1/check");
+    let slots = check_of("slots:{a}", "concurrency", 2, 60_000);
+    let rate = check_of("rate:{a}", "token_bucket", 1, 60_000);
+    let zcard = || redis.cli(&["ZCARD", "rl:slots:{a}"]).parse::<u64>().unwrap();
+
+    let first = decide_at(&check_url, &[slots.clone()]);
+    assert_eq!(first["allowed"], true);
+    assert_eq!(
+        (
+            first["results"][0]["remaining"].as_u64(),
+            first["results"][0]["granted"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    let first_id = first["results"][0]["stamp"].as_i64().unwrap();
+    assert!(
+        first_id > 0 && first_id < (1i64 << 53),
+        "an exact Lua number: {first_id}"
+    );
+    // Both checks admit: both charged, the slot and the token.
+    let second = decide_at(&check_url, &[slots.clone(), rate.clone()]);
+    assert_eq!(second["allowed"], true);
+    let second_id = second["results"][0]["stamp"].as_i64().unwrap();
+    assert_ne!(first_id, second_id, "each slot its own id");
+    assert_eq!(zcard(), 2);
+    // Full: refused with a short wait, nothing charged.
+    let full = decide_at(&check_url, &[slots.clone()]);
+    assert_eq!(full["allowed"], false);
+    let retry_ms = full["results"][0]["retry_after_ms"].as_u64().unwrap();
+    assert!((1..=1_000).contains(&retry_ms), "{retry_ms}");
+    assert_eq!(zcard(), 2);
+
+    // Released by id (the filter's return at stream end): one slot free again.
+    let release = json!({ "requests": [], "returns": [{ "key": "slots:{a}", "algorithm": "concurrency",
+        "limit": 2, "period_ms": 60_000, "amount": 1, "stamp": first_id }] });
+    assert_eq!(
+        post(&shim.url("/v1/check-batch"), &[], &release.to_string()).status,
+        200
+    );
+    assert_eq!(zcard(), 1);
+    let members = redis.cli(&["ZRANGE", "rl:slots:{a}", "0", "-1"]);
+    assert_eq!(
+        members.trim(),
+        second_id.to_string(),
+        "the named slot went, not another"
+    );
+
+    // The token bucket (spent) refuses: the free slot is not taken either.
+    let mixed = decide_at(&check_url, &[slots.clone(), rate.clone()]);
+    assert_eq!(mixed["allowed"], false);
+    assert_eq!(mixed["results"][0]["allowed"], true);
+    assert_eq!(mixed["results"][0]["granted"].as_u64(), Some(0));
+    assert_eq!(zcard(), 1, "all or nothing: no slot taken for a refused request");
+    // And the full concurrency check refuses a request whose rate admits: no token spent.
+    let other_rate = check_of("rate2:{a}", "fixed_window", 1, 60_000);
+    let _ = decide_at(&check_url, &[slots.clone()]);
+    let refused = decide_at(&check_url, &[other_rate.clone(), slots.clone()]);
+    assert_eq!(refused["allowed"], false);
+    assert_eq!(
+        decide_at(&check_url, &[other_rate])["allowed"],
+        true,
+        "its token was not spent"
+    );
+
+    // A cost or a lease makes no sense for a slot: refused before Redis.
+    let costly = with(slots.clone(), "cost", json!(2));
+    assert_eq!(post(&check_url, &[], &checks_body(&[costly])).status, 400);
+}
