@@ -359,7 +359,7 @@ fn the_script_takes_a_slot_per_admission_releases_it_by_id_and_stays_all_or_noth
     let rate = check_of("rate:{a}", "token_bucket", 1, 60_000);
     let zcard = || redis.cli(&["ZCARD", "rl:slots:{a}"]).parse::<u64>().unwrap();
 
-    let first = decide_at(&check_url, &[slots.clone()]);
+    let first = decide_at(&check_url, std::slice::from_ref(&slots));
     assert_eq!(first["allowed"], true);
     assert_eq!(
         (
@@ -380,7 +380,7 @@ fn the_script_takes_a_slot_per_admission_releases_it_by_id_and_stays_all_or_noth
     assert_ne!(first_id, second_id, "each slot its own id");
     assert_eq!(zcard(), 2);
     // Full: refused with a short wait, nothing charged.
-    let full = decide_at(&check_url, &[slots.clone()]);
+    let full = decide_at(&check_url, std::slice::from_ref(&slots));
     assert_eq!(full["allowed"], false);
     let retry_ms = full["results"][0]["retry_after_ms"].as_u64().unwrap();
     assert!((1..=1_000).contains(&retry_ms), "{retry_ms}");
@@ -409,7 +409,7 @@ fn the_script_takes_a_slot_per_admission_releases_it_by_id_and_stays_all_or_noth
     assert_eq!(zcard(), 1, "all or nothing: no slot taken for a refused request");
     // And the full concurrency check refuses a request whose rate admits: no token spent.
     let other_rate = check_of("rate2:{a}", "fixed_window", 1, 60_000);
-    let _ = decide_at(&check_url, &[slots.clone()]);
+    let _ = decide_at(&check_url, std::slice::from_ref(&slots));
     let refused = decide_at(&check_url, &[other_rate.clone(), slots.clone()]);
     assert_eq!(refused["allowed"], false);
     assert_eq!(
