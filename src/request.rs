@@ -9,7 +9,7 @@
 //! stream ends, [`RequestDecision::end_stream`] says what it gives back
 //! ([`stream_end`](crate::stream_end)).
 
-use crate::config::RuleFailureMode;
+use crate::config::{RuleFailureMode, Scope};
 use crate::local::{CheckState, Claim, FallbackVerdict, HeldLease, LocalLayer, LocalPass, SlotStore};
 use crate::plan::PlannedCheck;
 use crate::response::{decide, shadow_refusals, unavailable, Judged, Outcome};
@@ -174,9 +174,15 @@ impl RequestDecision {
     /// The request's stream ended (for any reason): what it holds goes back, and so does
     /// whatever an answer still on its way grants it. Returns the events to record;
     /// nothing the second time.
-    pub fn end_stream(&mut self) -> Vec<Event> {
+    pub fn end_stream<S: SlotStore>(&mut self, local: &LocalLayer<'_, S>) -> Vec<Event> {
         self.stream_ended = true;
-        self.take_held().into_iter().flat_map(Held::into_events).collect()
+        let mut events: Vec<Event> = local
+            .end_stream(&mut self.pass)
+            .into_iter()
+            .map(Event::Count)
+            .collect();
+        events.extend(self.take_held().into_iter().flat_map(Held::into_events));
+        events
     }
 
     pub fn stream_ended(&self) -> bool {
@@ -187,6 +193,10 @@ impl RequestDecision {
     fn take_held(&mut self) -> Vec<Held> {
         let mut taken = Vec::new();
         for (item, state) in self.planned.iter().zip(self.pass.checks.iter_mut()) {
+            // A local rule's slot is in shared data: the local layer gives it back.
+            if item.rule.scope != Scope::Global {
+                continue;
+            }
             if let CheckState::Known(result) = state {
                 if let Some(give_back) = slot_release(&item.check, result) {
                     taken.push(Held {
@@ -600,14 +610,14 @@ mod tests {
             released(&answered.events).is_empty(),
             "held while the stream lasts"
         );
-        let ended = request.end_stream();
+        let ended = request.end_stream(&local);
         assert_eq!(released(&ended), [901]);
         let Some(Event::ReturnTokens(back)) = ended.first() else {
             panic!("{ended:?}")
         };
         assert_eq!((back.amount, back.limit, back.period_ms), (1, 2, 60_000));
         assert!(counted(&ended).contains(&(1, Stat::Released)));
-        assert_eq!(request.end_stream(), [], "released once");
+        assert_eq!(request.end_stream(&local), [], "released once");
     }
 
     #[test]
@@ -616,7 +626,7 @@ mod tests {
         let store = MapStore::with_slots(&config);
         let local = layer(&config, &store);
         let (mut request, _) = start(&config, &store);
-        assert_eq!(request.end_stream(), [], "nothing held yet");
+        assert_eq!(request.end_stream(&local), [], "nothing held yet");
         let answered = request.on_answer(&local, &[slot(7)], NOW_MS);
         assert_eq!(released(&answered.events), [7]);
         assert!(counted(&answered.events).contains(&(0, Stat::Released)));
@@ -635,7 +645,7 @@ mod tests {
             ..CheckResult::default()
         };
         assert_eq!(status(&request.on_answer(&local, &[refusal], NOW_MS).next), 429);
-        assert_eq!(request.end_stream(), []);
+        assert_eq!(request.end_stream(&local), []);
     }
 
     #[test]
@@ -663,6 +673,35 @@ mod tests {
             matches!(next.next, Start::AskShim { .. }),
             "a slot may have freed: the shim decides ({:?})",
             next.next
+        );
+    }
+
+    #[test]
+    fn a_local_concurrency_slot_is_taken_here_and_released_at_stream_end() {
+        let config =
+            config(&concurrency("here", r#", "scope": "local", "limit": 1"#).replace(r#""limit": 2, "#, ""));
+        let store = MapStore::with_slots(&config);
+        let local = layer(&config, &store);
+        let (mut first, started) = start(&config, &store);
+        assert!(
+            matches!(started.next, Start::Decided(Outcome::Allow { .. })),
+            "{:?}",
+            started.next
+        );
+        let (_, second) = start(&config, &store);
+        let Start::Decided(refused) = second.next else {
+            panic!("{:?}", second.next)
+        };
+        assert_eq!(status(&refused), 429);
+        let ended = first.end_stream(&local);
+        assert_eq!(counted(&ended), [(0, Stat::Released)]);
+        assert!(released(&ended).is_empty(), "nothing goes to the shim");
+        assert_eq!(first.end_stream(&local), [], "released once");
+        let (_, third) = start(&config, &store);
+        assert!(
+            matches!(third.next, Start::Decided(Outcome::Allow { .. })),
+            "{:?}",
+            third.next
         );
     }
 }

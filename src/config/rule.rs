@@ -300,10 +300,12 @@ impl RawRule {
                 "a local rule is its own local bucket: it takes no `local` nor `lease`",
             ));
         }
-        if self.scope == Scope::Local && self.algorithm != Algorithm::TokenBucket {
+        if self.scope == Scope::Local
+            && !matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::Concurrency)
+        {
             return Err(ConfigError::new(
                 field("algorithm"),
-                "a local rule is a token bucket",
+                "a local rule is a token bucket or a concurrency limit",
             ));
         }
         let local = self

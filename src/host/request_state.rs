@@ -61,7 +61,7 @@ impl PendingRequest {
     /// The request's stream ended, however: what it holds goes back with the worker's
     /// next call, sent now if none is due.
     pub fn end_stream(&self, worker: &Worker) {
-        let events = self.state.borrow_mut().decision.end_stream();
+        let events = self.state.borrow_mut().decision.end_stream(&worker.local(false));
         if !events.is_empty() {
             worker.record(events);
             worker.dispatcher.flush_returns();

@@ -11,6 +11,7 @@
 //! tests over a map.
 
 mod bucket;
+mod in_flight;
 mod lease;
 mod slots;
 mod step;
@@ -18,6 +19,7 @@ mod step;
 pub(crate) mod tests;
 
 pub use bucket::Bucket;
+pub use in_flight::InFlight;
 pub use lease::{Claim, HeldLease};
 pub use slots::{create_slots, fingerprint, slot_of, SlotError, SlotRecord, SlotStore, RECORD_LEN};
 
@@ -99,9 +101,11 @@ impl LocalPass {
     }
 }
 
-/// A local charge to give back if the request ends up refused.
+/// A local charge to give back if the request ends up refused (and a local concurrency
+/// slot, when its stream ends).
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Charge {
+    rule_index: usize,
     fingerprint: u64,
     kind: ChargeKind,
     cost: u64,
@@ -112,6 +116,8 @@ enum ChargeKind {
     Bucket(Rate),
     Fallback(Rate),
     Lease,
+    /// A slot of a local concurrency limit, taken in this generation.
+    Slot(u64),
 }
 
 impl Charge {
@@ -120,6 +126,7 @@ impl Charge {
             ChargeKind::Bucket(rate) => record.bucket.give_back(rate, self.cost),
             ChargeKind::Fallback(rate) => record.fallback.give_back(rate, self.cost),
             ChargeKind::Lease => record.lease_tokens += self.cost,
+            ChargeKind::Slot(generation) => record.in_flight.give_back(generation),
         }
     }
 }
@@ -204,6 +211,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                 },
             };
             let charge = |kind| Charge {
+                rule_index: item.rule_index,
                 fingerprint,
                 kind,
                 cost: item.check.cost,
@@ -221,6 +229,11 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                 }
                 LocalStep::Decided(result, rate) => {
                     pass.charges.push(charge(ChargeKind::Bucket(rate)));
+                    *state = CheckState::Known(result);
+                }
+                LocalStep::TookSlot(result) => {
+                    let generation = u64::try_from(result.stamp).unwrap_or(0);
+                    pass.charges.push(charge(ChargeKind::Slot(generation)));
                     *state = CheckState::Known(result);
                 }
                 LocalStep::Shim {
@@ -333,6 +346,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                 if let Some(leased) = self.spend_lease(item, now_ms) {
                     *state = CheckState::Known(leased);
                     pass.charges.push(Charge {
+                        rule_index: item.rule_index,
                         fingerprint: fingerprint(&item.check.key),
                         kind: ChargeKind::Lease,
                         cost: item.check.cost,
@@ -350,7 +364,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
             item.rule.shadow || matches!(state, CheckState::Known(result) if result.allowed)
         });
         if !admitted {
-            self.give_back(&pass.charges);
+            self.give_back(&std::mem::take(&mut pass.charges));
         }
         Ok(())
     }
@@ -385,6 +399,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                         *state = CheckState::Known(result);
                         if result.allowed {
                             pass.charges.push(Charge {
+                                rule_index: item.rule_index,
                                 fingerprint,
                                 kind: ChargeKind::Fallback(rate),
                                 cost,
@@ -397,8 +412,26 @@ impl<S: SlotStore> LocalLayer<'_, S> {
             }
         }
         if verdict != FallbackVerdict::Allow {
-            self.give_back(&pass.charges);
+            self.give_back(&std::mem::take(&mut pass.charges));
         }
         verdict
+    }
+
+    /// The request's stream ended: the local concurrency slots it holds are given back.
+    /// Returns a count per slot released.
+    pub fn end_stream(&self, pass: &mut LocalPass) -> Vec<Count> {
+        let (slots, others): (Vec<Charge>, Vec<Charge>) = std::mem::take(&mut pass.charges)
+            .into_iter()
+            .partition(|charge| matches!(charge.kind, ChargeKind::Slot(_)));
+        pass.charges = others;
+        // Best effort: a release that cannot be written is recovered after max_duration.
+        self.give_back(&slots);
+        slots
+            .iter()
+            .map(|slot| Count {
+                rule_index: slot.rule_index,
+                stat: Stat::Released,
+            })
+            .collect()
     }
 }

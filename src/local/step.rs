@@ -7,7 +7,7 @@ use super::slots::SlotRecord;
 use super::{LocalLayer, Probe, SlotStore};
 use crate::config::Scope;
 use crate::plan::PlannedCheck;
-use crate::wire::{CheckResult, Rate};
+use crate::wire::{Algorithm, CheckResult, Rate};
 
 /// What the local layer decided for one check, before its shared data is written back.
 pub(super) enum LocalStep {
@@ -16,6 +16,8 @@ pub(super) enum LocalStep {
     Refused(CheckResult),
     /// A local rule's bucket admitted, charging this rate.
     Decided(CheckResult, Rate),
+    /// A local concurrency rule took a slot: held until the request's stream ends.
+    TookSlot(CheckResult),
     /// Served from the Envoy's lease (after charging the local bucket, if any).
     Leased(CheckResult, Option<Rate>),
     /// For the shim, after charging the local bucket (if any), asking for a lease of
@@ -74,6 +76,15 @@ impl<S: SlotStore> LocalLayer<'_, S> {
             {
                 return (LocalStep::AwaitLease, false);
             }
+        }
+        if rule.scope == Scope::Local && rule.algorithm == Algorithm::Concurrency {
+            let result = record.in_flight.take(now_ms, item.rate);
+            let step = if result.allowed {
+                LocalStep::TookSlot(result)
+            } else {
+                LocalStep::Refused(result)
+            };
+            return (step, true);
         }
         let bucket = match rule.scope {
             Scope::Local => Some(item.rate),
