@@ -422,3 +422,77 @@ fn the_script_takes_a_slot_per_admission_releases_it_by_id_and_stays_all_or_noth
     let costly = with(slots.clone(), "cost", json!(2));
     assert_eq!(post(&check_url, &[], &checks_body(&[costly])).status, 400);
 }
+
+#[test]
+fn a_local_concurrency_limit_holds_in_one_envoy_and_leaks_no_slot() {
+    const LIMIT: u64 = 3;
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &[]);
+    let upstream = std::sync::Arc::new(Upstream::start());
+    let mut config = concurrency_config(LIMIT, "60s");
+    config["rules"][0]["scope"] = json!("local");
+    let envoy = std::sync::Arc::new(start_envoy(&shim, &config, &upstream));
+    let held: Vec<JoinHandle<Reply>> = (0..LIMIT)
+        .map(|i| hold(&envoy, "k", &format!("local-{i}")))
+        .collect();
+    wait_until("the local limit held", Duration::from_secs(20), || {
+        upstream.in_flight() == LIMIT as i64
+    });
+    let refused = refused_now(&envoy, "k");
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert_eq!(
+        refused.header("ratelimit-policy"),
+        Some(r#""in-flight";q=3;qu="concurrent-requests""#)
+    );
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(slots_in_redis(&redis), 0, "a local limit never reaches Redis");
+    upstream.release("local-0");
+    wait_until("one slot free again", Duration::from_secs(10), || {
+        envoy.stat(&format!("wasmcustom.ratelimit.{RULE}.released")) == 1
+    });
+    let next = hold(&envoy, "k", "local-next");
+    wait_until("the next request held", Duration::from_secs(20), || {
+        upstream.received("local-next")
+    });
+    for name in ["local-1", "local-2", "local-next"] {
+        upstream.release(name);
+    }
+    for reply in held.into_iter().chain([next]) {
+        assert_eq!(reply.join().unwrap().status, 200);
+    }
+
+    // Every way a stream ends, from four threads on one key.
+    let workers: Vec<JoinHandle<()>> = (0..4)
+        .map(|thread| {
+            let (envoy, upstream) = (envoy.clone(), upstream.clone());
+            std::thread::spawn(move || {
+                let agent = agent();
+                for n in 0..150 {
+                    let name = format!("local-t{thread}-{n}");
+                    send(&agent, &envoy, &upstream, "k", &name, ending(n + thread));
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    let stat = |name: &str| envoy.stat(&format!("wasmcustom.ratelimit.{RULE}.{name}"));
+    wait_until("every local slot released", Duration::from_secs(15), || {
+        stat("released") == stat("allowed")
+    });
+    let again: Vec<JoinHandle<Reply>> = (0..LIMIT)
+        .map(|i| hold(&envoy, "k", &format!("local-again-{i}")))
+        .collect();
+    wait_until(
+        "the full local limit admitted again",
+        Duration::from_secs(20),
+        || upstream.in_flight() == LIMIT as i64,
+    );
+    for i in 0..LIMIT {
+        upstream.release(&format!("local-again-{i}"));
+    }
+    for reply in again {
+        assert_eq!(reply.join().unwrap().status, 200);
+    }
+}
