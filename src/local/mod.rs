@@ -1,5 +1,6 @@
 //! The per-Envoy layer in front of the shim, kept in Envoy shared data so that every
-//! worker thread sees it: local token buckets, the deny cache and token leases.
+//! worker thread sees it: local token buckets, the deny cache, token leases and local
+//! concurrency counts.
 //!
 //! A [`LocalLayer`] is the configuration and the slot table (`slots`) together. For a
 //! planned request it runs, check by check (`step`), the lease, the deny cache and the
@@ -7,7 +8,7 @@
 //! ([`LocalPass`]); `lease` holds the lease protocol. When the shim answers, it learns from the answer (leases granted,
 //! keys to deny until their retry time); when the shim cannot answer, it applies each
 //! rule's local fallback. Whatever it charged is given back when the request ends up
-//! refused. Pure over a [`SlotStore`]: the host layer implements it over shared data,
+//! refused, and a local concurrency slot (`in_flight`) when its stream ends. Pure over a [`SlotStore`]: the host layer implements it over shared data,
 //! tests over a map.
 
 mod bucket;
