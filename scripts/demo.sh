@@ -3,12 +3,14 @@
 # status and rate-limit headers as a table.
 set -euo pipefail
 url=http://127.0.0.1:10000
+admin=http://127.0.0.1:9901
 run_id="$(date +%s)-$RANDOM"
 
 row() { # label, then curl arguments
     local label=$1; shift
     local headers status
     headers=$(curl -s -o /dev/null -D - "$@")
+    last_headers=$headers
     field() { printf '%s\n' "$headers" | tr -d '\r' | awk -v name="$1" 'tolower($1) == name":" { $1 = ""; print substr($0, 2) }'; }
     status=$(printf '%s\n' "$headers" | awk 'NR == 1 { print $2 }')
     printf '%-14s %-6s %-6s %-10s %-11s %-12s %s\n' "$label" "$status" "$(field x-ratelimit-limit)" \
@@ -41,6 +43,24 @@ for tokens in 300 500 400 50; do
     sleep 0.2
 done
 echo "(the third answer's 400 tokens put the key 200 in debt: the fourth is refused until it refills)"
+
+heading "GET /slow takes 2 s: at most 2 in flight per API key (slow-in-flight, a concurrency limit)"
+slow_key="slow-$run_id"
+curl -s -o /dev/null -H "x-api-key: $slow_key" "$url/slow" &
+first=$!
+curl -s -o /dev/null -H "x-api-key: $slow_key" "$url/slow" &
+second=$!
+# Until both are in flight: past the rate limiter, held by the fault filter's delay.
+for _ in $(seq 1 100); do
+    active=$(curl -s "$admin/stats?filter=demo.fault.active_faults" | awk '{ print $2 }')
+    [ "${active:-0}" -ge 2 ] && break
+    sleep 0.05
+done
+row "GET /slow #3" -H "x-api-key: $slow_key" "$url/slow"
+printf '%s\n' "$last_headers" | tr -d '\r' | grep -i '^ratelimit-policy' | sed 's/^/    /'
+wait "$first" "$second"
+echo "    (#1 and #2 ended: their slots are free again)"
+row "GET /slow #4" -H "x-api-key: $slow_key" "$url/slow"
 
 echo
 echo "The body of a refused request:"

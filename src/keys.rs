@@ -113,6 +113,7 @@ pub fn counter_name(rule_name: &str, algorithm: Algorithm, period_ms: u64) -> St
         Algorithm::FixedWindow => "fw",
         Algorithm::SlidingWindowLog => "swl",
         Algorithm::SlidingWindowCounter => "swc",
+        Algorithm::Concurrency => "cc",
     };
     format!("{rule_name}/{tag}{period_ms}")
 }

@@ -10,8 +10,9 @@
 //! - [`request`]: one request's decision as a state machine, from the plan through the
 //!   [`local`] layer (buckets, deny cache, leases in shared data) and the shim's answer
 //!   ([`shim_call`], batched per worker by [`batch`]) to the [`response`] the client
-//!   gets, with the [`stats`] to count on the way; [`settlement`] charges an admitted
-//!   request's real cost once its response reports it;
+//!   gets, with the [`stats`] to count on the way, and what it gives back when its
+//!   stream ends ([`stream_end`]: the concurrency slots it holds); [`settlement`] charges
+//!   an admitted request's real cost once its response reports it;
 //! - [`wire`]: the filter-to-shim wire format, the `ratelimit-wire` crate shared with
 //!   `redis-shim`.
 //!
@@ -40,6 +41,7 @@ pub mod response;
 pub mod settlement;
 pub mod shim_call;
 pub mod stats;
+pub mod stream_end;
 pub use ratelimit_wire as wire;
 
 // Natively the host layer is only type-checked (by clippy), never linked; the wasm32

@@ -5,16 +5,19 @@
 //! once or names the checks to ask the shim; then one of [`RequestDecision::on_answer`]
 //! (the shim's results) or [`RequestDecision::on_failure`] (a [`ShimFailure`]) decides.
 //! Each step returns what to do with the request together with the [`Event`]s the host
-//! must record (stats, log lines): deciding never touches the host.
+//! must record (stats, log lines): deciding never touches the host. When the request's
+//! stream ends, [`RequestDecision::end_stream`] says what it gives back
+//! ([`stream_end`](crate::stream_end)).
 
-use crate::config::RuleFailureMode;
+use crate::config::{RuleFailureMode, Scope};
 use crate::local::{CheckState, Claim, FallbackVerdict, HeldLease, LocalLayer, LocalPass, SlotStore};
 use crate::plan::PlannedCheck;
 use crate::response::{decide, shadow_refusals, unavailable, Judged, Outcome};
 use crate::settlement::PendingSettlement;
 use crate::shim_call::ShimFailure;
 use crate::stats::{Count, Stat};
-use crate::wire::{Check, CheckResult, Settlement, TokenReturn};
+use crate::stream_end::{slot_release, Held, SlotAsked};
+use crate::wire::{Algorithm, Check, CheckResult, Settlement, TokenReturn};
 
 /// Something the host records for a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,7 +29,8 @@ pub enum Event {
     ShimFailed(ShimFailure),
     /// The shim granted this Envoy a lease: what is left of it when it expires goes back.
     LeaseGranted(HeldLease),
-    /// Leased tokens left unspent, to give back to the shim with the next call.
+    /// Tokens to give back to the shim with the next call: leased tokens left unspent,
+    /// or a concurrency slot its request no longer holds.
     ReturnTokens(TokenReturn),
 }
 
@@ -43,10 +47,12 @@ pub enum Start {
     Decided(Outcome),
     /// Ask the shim these checks, then call `on_answer` or `on_failure`. The request
     /// acquires the Envoy's lease of the counters in `claims`: other requests of this
-    /// worker for them wait for its answer.
+    /// worker for them wait for its answer. `slots`: the checks that can grant it a
+    /// concurrency slot, to release at once should the answer find the stream gone.
     AskShim {
         checks: Vec<Check>,
         claims: Vec<Claim>,
+        slots: Vec<SlotAsked>,
     },
     /// This worker is acquiring the lease of the counter with this fingerprint: call
     /// `run_local` again once that acquisition ends.
@@ -62,6 +68,8 @@ pub struct RequestDecision {
     pass: LocalPass,
     /// The charges the response settles, once the shim admitted the request.
     to_settle: Vec<PendingSettlement>,
+    /// The request's stream has ended: whatever it is granted from now on goes back.
+    stream_ended: bool,
 }
 
 impl RequestDecision {
@@ -75,6 +83,7 @@ impl RequestDecision {
             planned,
             pass: LocalPass::default(),
             to_settle: Vec::new(),
+            stream_ended: false,
         };
         let transition = request.run_local(local, now_ms);
         (request, transition)
@@ -93,6 +102,7 @@ impl RequestDecision {
             Start::AskShim {
                 checks: self.checks_for_shim(),
                 claims: self.pass.claims.clone(),
+                slots: self.slots_asked(),
             }
         };
         Transition { next, events }
@@ -114,6 +124,9 @@ impl RequestDecision {
                 let next = self.decide_known(local, now_ms, &mut events);
                 if let Outcome::Allow { .. } = next {
                     self.to_settle = self.charges_to_settle();
+                }
+                if self.stream_ended {
+                    events.extend(self.take_held().into_iter().flat_map(Held::into_events));
                 }
                 Transition { next, events }
             }
@@ -190,9 +203,65 @@ impl RequestDecision {
                         period_ms: item.check.period_ms,
                         charged: result.granted,
                         actual: result.granted,
-                        stamp: result.lease_stamp,
+                        stamp: result.stamp,
                     },
                 })
+            })
+            .collect()
+    }
+
+    /// The request's stream ended (for any reason): what it holds goes back, and so does
+    /// whatever an answer still on its way grants it. Returns the events to record;
+    /// nothing the second time.
+    pub fn end_stream<S: SlotStore>(&mut self, local: &LocalLayer<'_, S>) -> Vec<Event> {
+        self.stream_ended = true;
+        let mut events: Vec<Event> = local
+            .end_stream(&mut self.pass)
+            .into_iter()
+            .map(Event::Count)
+            .collect();
+        events.extend(self.take_held().into_iter().flat_map(Held::into_events));
+        events
+    }
+
+    pub fn stream_ended(&self) -> bool {
+        self.stream_ended
+    }
+
+    /// What the request holds now, taken: a result no longer holds it afterwards.
+    fn take_held(&mut self) -> Vec<Held> {
+        let mut taken = Vec::new();
+        for (item, state) in self.planned.iter().zip(self.pass.checks.iter_mut()) {
+            // A local rule's slot is in shared data: the local layer gives it back.
+            if item.rule.scope != Scope::Global {
+                continue;
+            }
+            if let CheckState::Known(result) = state {
+                if let Some(give_back) = slot_release(&item.check, result) {
+                    taken.push(Held {
+                        rule_index: item.rule_index,
+                        give_back,
+                    });
+                    result.granted = 0;
+                }
+            }
+        }
+        taken
+    }
+
+    /// The checks asked of the shim that can grant a concurrency slot, with their
+    /// position among those sent.
+    fn slots_asked(&self) -> Vec<SlotAsked> {
+        self.planned
+            .iter()
+            .zip(&self.pass.checks)
+            .filter(|(_, state)| matches!(state, CheckState::AskShim { .. }))
+            .enumerate()
+            .filter(|(_, (item, _))| item.check.algorithm == Algorithm::Concurrency)
+            .map(|(position, (item, _))| SlotAsked {
+                position,
+                rule_index: item.rule_index,
+                check: item.check.clone(),
             })
             .collect()
     }
@@ -319,7 +388,7 @@ mod tests {
             retry_after_ms: if allowed { 0 } else { 1_000 },
             granted: u64::from(allowed),
             lease_window_ms: 0,
-            lease_stamp: 0,
+            stamp: 0,
         }
     }
 
@@ -415,7 +484,7 @@ mod tests {
         let local = layer(&config, &store);
         let charged = CheckResult {
             granted: 3,
-            lease_stamp: 1_700_000_000_000,
+            stamp: 1_700_000_000_000,
             ..result(true)
         };
         let (mut admitted, _) = start(&config, &store);
@@ -553,7 +622,7 @@ mod tests {
         let store = MapStore::with_slots(&config);
         let local = layer(&config, &store);
         let (mut acquiring, started) = start(&config, &store);
-        let Start::AskShim { checks, claims } = started.next else {
+        let Start::AskShim { checks, claims, .. } = started.next else {
             panic!("{:?}", started.next)
         };
         assert_eq!((checks[0].lease, claims.len()), (4, 1));
@@ -573,6 +642,151 @@ mod tests {
         assert_eq!(
             counted(&resumed.events),
             [(0, Stat::LeaseHits), (0, Stat::Allowed)]
+        );
+    }
+
+    fn concurrency(name: &str, extra: &str) -> String {
+        format!(
+            r#"{{"name": "{name}", "algorithm": "concurrency", "key": [{{"header": "x-api-key"}}], "limit": 2{extra}}}"#
+        )
+    }
+
+    fn slot(stamp: i64) -> CheckResult {
+        CheckResult {
+            allowed: true,
+            limit: 2,
+            remaining: 1,
+            granted: 1,
+            stamp,
+            ..CheckResult::default()
+        }
+    }
+
+    fn released(events: &[Event]) -> Vec<i64> {
+        events
+            .iter()
+            .filter_map(|event| match event {
+                Event::ReturnTokens(back) => Some(back.stamp),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_admitted_request_releases_its_slot_once_when_its_stream_ends() {
+        let config = config(&[global("rate", ""), concurrency("slots", "")].join(","));
+        let store = MapStore::with_slots(&config);
+        let local = layer(&config, &store);
+        let (mut request, started) = start(&config, &store);
+        let Start::AskShim { slots, .. } = started.next else {
+            panic!("{:?}", started.next)
+        };
+        assert_eq!(
+            slots
+                .iter()
+                .map(|s| (s.position, s.rule_index))
+                .collect::<Vec<_>>(),
+            [(1, 1)],
+            "the concurrency check, second among those sent"
+        );
+        let answered = request.on_answer(&local, &[result(true), slot(901)], NOW_MS);
+        assert_eq!(status(&answered.next), 200);
+        assert!(
+            released(&answered.events).is_empty(),
+            "held while the stream lasts"
+        );
+        let ended = request.end_stream(&local);
+        assert_eq!(released(&ended), [901]);
+        let Some(Event::ReturnTokens(back)) = ended.first() else {
+            panic!("{ended:?}")
+        };
+        assert_eq!((back.amount, back.limit, back.period_ms), (1, 2, 60_000));
+        assert!(counted(&ended).contains(&(1, Stat::Released)));
+        assert_eq!(request.end_stream(&local), [], "released once");
+    }
+
+    #[test]
+    fn a_stream_that_ended_while_waiting_releases_what_the_answer_grants() {
+        let config = config(&concurrency("slots", r#", "max_duration": "5s""#));
+        let store = MapStore::with_slots(&config);
+        let local = layer(&config, &store);
+        let (mut request, _) = start(&config, &store);
+        assert_eq!(request.end_stream(&local), [], "nothing held yet");
+        let answered = request.on_answer(&local, &[slot(7)], NOW_MS);
+        assert_eq!(released(&answered.events), [7]);
+        assert!(counted(&answered.events).contains(&(0, Stat::Released)));
+    }
+
+    #[test]
+    fn a_refused_request_holds_no_slot() {
+        let config = config(&concurrency("slots", ""));
+        let store = MapStore::with_slots(&config);
+        let local = layer(&config, &store);
+        let (mut request, _) = start(&config, &store);
+        let refusal = CheckResult {
+            allowed: false,
+            limit: 2,
+            retry_after_ms: 1_000,
+            ..CheckResult::default()
+        };
+        assert_eq!(status(&request.on_answer(&local, &[refusal], NOW_MS).next), 429);
+        assert_eq!(request.end_stream(&local), []);
+    }
+
+    #[test]
+    fn concurrency_refusals_are_never_cached_nor_predicted() {
+        let config = config(&concurrency("slots", ""));
+        let store = MapStore::with_slots(&config);
+        let local = layer(&config, &store);
+        let (mut refused, _) = start(&config, &store);
+        let refusal = CheckResult {
+            allowed: false,
+            limit: 2,
+            retry_after_ms: 1_000,
+            ..CheckResult::default()
+        };
+        refused.on_answer(&local, &[refusal], NOW_MS);
+        // The last slot taken predicts nothing either: any request in flight may end.
+        let (mut last, _) = start(&config, &store);
+        let last_slot = CheckResult {
+            remaining: 0,
+            ..slot(3)
+        };
+        last.on_answer(&local, &[last_slot], NOW_MS);
+        let (_, next) = start(&config, &store);
+        assert!(
+            matches!(next.next, Start::AskShim { .. }),
+            "a slot may have freed: the shim decides ({:?})",
+            next.next
+        );
+    }
+
+    #[test]
+    fn a_local_concurrency_slot_is_taken_here_and_released_at_stream_end() {
+        let config =
+            config(&concurrency("here", r#", "scope": "local", "limit": 1"#).replace(r#""limit": 2, "#, ""));
+        let store = MapStore::with_slots(&config);
+        let local = layer(&config, &store);
+        let (mut first, started) = start(&config, &store);
+        assert!(
+            matches!(started.next, Start::Decided(Outcome::Allow { .. })),
+            "{:?}",
+            started.next
+        );
+        let (_, second) = start(&config, &store);
+        let Start::Decided(refused) = second.next else {
+            panic!("{:?}", second.next)
+        };
+        assert_eq!(status(&refused), 429);
+        let ended = first.end_stream(&local);
+        assert_eq!(counted(&ended), [(0, Stat::Released)]);
+        assert!(released(&ended).is_empty(), "nothing goes to the shim");
+        assert_eq!(first.end_stream(&local), [], "released once");
+        let (_, third) = start(&config, &store);
+        assert!(
+            matches!(third.next, Start::Decided(Outcome::Allow { .. })),
+            "{:?}",
+            third.next
         );
     }
 }

@@ -6,7 +6,7 @@
 //! and never appear in client-facing headers.
 
 use crate::config::{HeaderStyle, ResponseSettings, Rule};
-use crate::wire::{Check, CheckResult};
+use crate::wire::{Algorithm, Check, CheckResult};
 use serde_json::json;
 
 pub const RETRY_AFTER_HEADER: &str = "retry-after";
@@ -97,12 +97,46 @@ fn retry_after_seconds(result: &CheckResult) -> u64 {
 }
 
 /// Seconds until the draft's quota `t`: for the refusing rule the same value as
-/// `Retry-After` (never earlier), otherwise until the counter is full again.
-fn draft_reset_seconds(result: &CheckResult, is_refusing: bool) -> u64 {
-    if is_refusing {
-        retry_after_seconds(result)
+/// `Retry-After` (never earlier), otherwise until the counter is full again. A
+/// concurrency limit has no such time while it admits (its slots free as requests end,
+/// whenever that is): no `t` then.
+fn draft_reset_seconds(judged: &Judged<'_>, is_refusing: bool) -> Option<u64> {
+    let result = &judged.result;
+    let concurrency = judged.check.algorithm == Algorithm::Concurrency;
+    if is_refusing || (concurrency && !result.allowed) {
+        Some(retry_after_seconds(result))
+    } else if concurrency {
+        None
     } else {
-        ceil_seconds(result.reset_ms)
+        Some(ceil_seconds(result.reset_ms))
+    }
+}
+
+/// Milliseconds until `X-RateLimit-Reset`: until the counter is full again, and for a
+/// refused concurrency check until it may be retried (its counter is full again only
+/// when every request in flight has ended, which nothing foretells).
+fn x_reset_ms(judged: &Judged<'_>) -> u64 {
+    let result = &judged.result;
+    if judged.check.algorithm == Algorithm::Concurrency && !result.allowed {
+        result.retry_after_ms
+    } else {
+        result.reset_ms
+    }
+}
+
+/// The draft's `RateLimit-Policy` item for a rule: a rate's quota over its window `w`,
+/// or a concurrency limit's quota of requests in flight (`qu`), which has no window.
+fn draft_policy(judged: &Judged<'_>) -> String {
+    let Judged { rule, check, .. } = judged;
+    if check.algorithm == Algorithm::Concurrency {
+        format!("\"{}\";q={};qu=\"concurrent-requests\"", rule.name, check.limit)
+    } else {
+        format!(
+            "\"{}\";q={};w={}",
+            rule.name,
+            check.limit,
+            ceil_seconds(check.period_ms).max(1)
+        )
     }
 }
 
@@ -130,27 +164,20 @@ fn rate_limit_headers(
         headers.push((settings.remaining_header.clone(), result.remaining.to_string()));
         headers.push((
             settings.reset_header.clone(),
-            ceil_seconds(now_unix_ms + result.reset_ms).to_string(),
+            ceil_seconds(now_unix_ms + x_reset_ms(tightest)).to_string(),
         ));
     }
     if matches!(style, HeaderStyle::IetfDraft | HeaderStyle::Both) {
-        let policies: Vec<String> = enforcing
-            .iter()
-            .map(|j| {
-                format!(
-                    "\"{}\";q={};w={}",
-                    j.rule.name,
-                    j.check.limit,
-                    ceil_seconds(j.check.period_ms).max(1)
-                )
-            })
-            .collect();
+        let policies: Vec<String> = enforcing.iter().map(|j| draft_policy(j)).collect();
         let states: Vec<String> = enforcing
             .iter()
             .map(|j| {
                 let is_refusing = refusing.is_some_and(|r| std::ptr::eq(r, *j));
-                let t = draft_reset_seconds(&j.result, is_refusing);
-                format!("\"{}\";r={};t={}", j.rule.name, j.result.remaining, t)
+                let state = format!("\"{}\";r={}", j.rule.name, j.result.remaining);
+                match draft_reset_seconds(j, is_refusing) {
+                    Some(t) => format!("{state};t={t}"),
+                    None => state,
+                }
             })
             .collect();
         headers.push((POLICY_HEADER.into(), policies.join(", ")));
@@ -173,6 +200,23 @@ fn refusal(judged: &Judged<'_>, mut headers: Headers, settings: &ResponseSetting
                 .replace("{rule}", &rule.name)
                 .replace("{limit}", &check.limit.to_string())
                 .replace("{retry_after}", &retry_after.to_string()),
+        ),
+        None if check.algorithm == Algorithm::Concurrency => (
+            PROBLEM_JSON.to_string(),
+            json!({
+                "type": "about:blank",
+                "title": "Too Many Requests",
+                "status": settings.status,
+                "detail": format!(
+                    "Concurrency limit '{}' reached: {} requests in flight. Retry in {} s.",
+                    rule.name, check.limit, retry_after
+                ),
+                "rule": rule.name,
+                "limit": check.limit,
+                "quota_unit": "concurrent-requests",
+                "retry_after": retry_after,
+            })
+            .to_string(),
         ),
         None => (
             PROBLEM_JSON.to_string(),
@@ -251,7 +295,7 @@ mod tests {
             retry_after_ms,
             granted: u64::from(allowed),
             lease_window_ms: 0,
-            lease_stamp: 0,
+            stamp: 0,
         }
     }
 
@@ -402,5 +446,69 @@ mod tests {
         let reply = unavailable();
         assert_eq!(reply.status, 503);
         assert_eq!(header(&reply.headers, RETRY_AFTER_HEADER), Some("1"));
+    }
+
+    fn concurrency_rule(name: &str, limit: u64) -> (Rule, Check) {
+        let mut rule = rule(name, limit, false);
+        rule.algorithm = Algorithm::Concurrency;
+        let check = Check {
+            algorithm: Algorithm::Concurrency,
+            ..check_for(&rule)
+        };
+        (rule, check)
+    }
+
+    #[test]
+    fn a_concurrency_limit_announces_requests_in_flight_without_a_window() {
+        let (slots, slots_check) = concurrency_rule("in-flight", 3);
+        let rate = rule("per-min", 100, false);
+        let rules = [slots, rate];
+        let checks = [slots_check, check_for(&rules[1])];
+        // Admitted with 2 slots left (the last slot in flight expires at the latest in
+        // 60 s): no `t`, slots free whenever requests end.
+        let results = [result(true, 3, 2, 60_000, 0), result(true, 100, 50, 30_000, 0)];
+        let Outcome::Allow { headers } = decide(
+            &judged(&rules, &checks, &results),
+            NOW_MS,
+            &settings(HeaderStyle::Both),
+        ) else {
+            panic!("expected allow")
+        };
+        assert_eq!(
+            header(&headers, POLICY_HEADER),
+            Some(r#""in-flight";q=3;qu="concurrent-requests", "per-min";q=100;w=60"#)
+        );
+        assert_eq!(
+            header(&headers, RATELIMIT_HEADER),
+            Some(r#""in-flight";r=2, "per-min";r=50;t=30"#)
+        );
+        assert_eq!(header(&headers, "x-ratelimit-limit"), Some("3"));
+        assert_eq!(header(&headers, "x-ratelimit-remaining"), Some("2"));
+
+        // Refused: every slot taken; a slot may free any moment, retry within a second.
+        let results = [
+            result(false, 3, 0, 60_000, 1_000),
+            result(true, 100, 50, 30_000, 0),
+        ];
+        let Outcome::Reply(reply) = decide(
+            &judged(&rules, &checks, &results),
+            NOW_MS,
+            &settings(HeaderStyle::Both),
+        ) else {
+            panic!("expected a reply")
+        };
+        assert_eq!(reply.status, 429);
+        assert_eq!(header(&reply.headers, RETRY_AFTER_HEADER), Some("1"));
+        assert_eq!(
+            header(&reply.headers, RATELIMIT_HEADER),
+            Some(r#""in-flight";r=0;t=1, "per-min";r=50;t=30"#)
+        );
+        assert_eq!(header(&reply.headers, "x-ratelimit-remaining"), Some("0"));
+        // X-RateLimit-Reset is when to retry, not when the last slot in flight expires.
+        assert_eq!(header(&reply.headers, "x-ratelimit-reset"), Some("1700000002"));
+        let body: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+        assert_eq!(body["rule"], "in-flight");
+        assert_eq!(body["quota_unit"], "concurrent-requests");
+        assert!(body["detail"].as_str().unwrap().contains("3 requests in flight"));
     }
 }

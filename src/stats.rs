@@ -16,12 +16,15 @@ pub enum Stat {
     ShimTimeouts,
     FailedOpen,
     FailedClosed,
+    /// Concurrency slots given back when their request's stream ended: with `allowed`,
+    /// what a concurrency rule admitted, the difference is what is in flight (or leaked).
+    Released,
     CostSettled,
     CostUnreported,
 }
 
 impl Stat {
-    pub const ALL: [Stat; 13] = [
+    pub const ALL: [Stat; 14] = [
         Stat::Allowed,
         Stat::Denied,
         Stat::ShadowDenied,
@@ -33,6 +36,7 @@ impl Stat {
         Stat::ShimTimeouts,
         Stat::FailedOpen,
         Stat::FailedClosed,
+        Stat::Released,
         Stat::CostSettled,
         Stat::CostUnreported,
     ];
@@ -50,6 +54,7 @@ impl Stat {
             Stat::ShimTimeouts => "shim_timeouts",
             Stat::FailedOpen => "failed_open",
             Stat::FailedClosed => "failed_closed",
+            Stat::Released => "released",
             Stat::CostSettled => "cost_settled",
             Stat::CostUnreported => "cost_unreported",
         }

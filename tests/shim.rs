@@ -561,7 +561,7 @@ fn unspent_leased_tokens_given_back_are_available_again() {
         let lease = with(check_of(&key, algorithm, 10, 600_000), "lease", json!(4));
         let granted = decide_one(&shim, &lease);
         assert_eq!(number(&granted, 0, "granted"), 4, "{algorithm}");
-        let stamp = granted["results"][0]["lease_stamp"].as_i64().unwrap_or(0);
+        let stamp = granted["results"][0]["stamp"].as_i64().unwrap_or(0);
         let peek = |check: &Value| number(&decide_one(&shim, check), 0, "remaining");
         let one = check_of(&key, algorithm, 10, 600_000);
         // 4 granted, 1 more taken by this look: 5 left.

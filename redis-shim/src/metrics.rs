@@ -111,7 +111,7 @@ const LATENCY_BUCKETS: [f64; 12] = [
 
 #[derive(Default)]
 pub struct Metrics {
-    checks: [[AtomicU64; 3]; 4],
+    checks: [[AtomicU64; 3]; Algorithm::ALL.len()],
     requests: [AtomicU64; 6],
     redis_errors: [AtomicU64; 3],
     refunds: AtomicU64,

@@ -19,6 +19,7 @@ macro_rules! with_algorithms {
             include_str!("../scripts/fixed_window.lua"),
             include_str!("../scripts/sliding_window_log.lua"),
             include_str!("../scripts/sliding_window_counter.lua"),
+            include_str!("../scripts/concurrency.lua"),
             include_str!($driver),
         )
     };
@@ -138,7 +139,7 @@ impl Row {
             retry_after_ms: self.retry_after_ms,
             granted: self.granted,
             lease_window_ms: self.lease_window_ms,
-            lease_stamp: if self.granted > 0 { self.stamp } else { 0 },
+            stamp: if self.granted > 0 { self.stamp } else { 0 },
         }
     }
 }

@@ -80,7 +80,12 @@ pub(super) struct RawRule {
     #[serde(default)]
     pub(super) algorithm: Algorithm,
     pub(super) limit: i64,
-    pub(super) period: String,
+    /// Required, except for a concurrency rule, which takes `max_duration` instead.
+    #[serde(default)]
+    pub(super) period: Option<String>,
+    /// How long a concurrency slot whose release was lost stays taken.
+    #[serde(default)]
+    pub(super) max_duration: Option<String>,
     #[serde(default)]
     pub(super) tiers: Vec<RawTier>,
     #[serde(default)]

@@ -13,6 +13,7 @@ use super::{parse_duration, ConfigError};
 use crate::keys::{counter_name, KeyPart};
 use crate::matching::{RawMatch, RequestMatch};
 use crate::wire::{Algorithm, Limit, Period, Rate};
+use std::time::Duration;
 
 /// Longest rule name; names are part of every counter key.
 pub const MAX_RULE_NAME_LEN: usize = 64;
@@ -66,6 +67,81 @@ fn compile_local(field: String, raw: RawLocalLimit, largest_cost: u64) -> Result
         limit,
         period: compile_period(format!("{field}.period"), &raw.period)?,
     })
+}
+
+/// How long a concurrency slot stays taken when its release is lost, unless configured.
+pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(60);
+
+/// The rule's period: its window, or for a concurrency rule its `max_duration` (a
+/// concurrency limit has no window: `period` is refused there, and `max_duration`
+/// everywhere else).
+fn compile_rule_period(
+    at: &str,
+    algorithm: Algorithm,
+    period: Option<&str>,
+    max_duration: Option<&str>,
+) -> Result<Period, ConfigError> {
+    let field = |name: &str| format!("{at}.{name}");
+    match (algorithm, period, max_duration) {
+        (Algorithm::Concurrency, Some(_), _) => Err(ConfigError::new(
+            field("period"),
+            "a concurrency rule limits requests in flight, not a rate: it has no period (see max_duration)",
+        )),
+        (Algorithm::Concurrency, None, Some(max_duration)) => {
+            compile_period(field("max_duration"), max_duration)
+        }
+        (Algorithm::Concurrency, None, None) => Period::try_from(DEFAULT_MAX_DURATION)
+            .map_err(|bounds| ConfigError::new(field("max_duration"), bounds.0)),
+        (_, _, Some(_)) => Err(ConfigError::new(
+            field("max_duration"),
+            "only applies to a concurrency rule",
+        )),
+        (_, Some(period), None) => compile_period(field("period"), period),
+        (_, None, None) => Err(ConfigError::new(field("period"), "required")),
+    }
+}
+
+/// What a concurrency rule cannot take: a slot is one request, held until it ends, so
+/// costs, leases and local buckets (all counted in tokens over time) mean nothing there.
+fn check_concurrency_rule(at: &str, raw: &RawRule) -> Result<(), ConfigError> {
+    let refuse = |field: String, reason: &str| Err(ConfigError::new(field, reason));
+    if raw.cost.is_some_and(|cost| cost != 1) {
+        return refuse(
+            format!("{at}.cost"),
+            "a concurrency rule takes one slot per request: cost must be 1",
+        );
+    }
+    if let Some(i) = raw.costs.iter().position(|weighted| weighted.cost != 1) {
+        return refuse(
+            format!("{at}.costs[{i}].cost"),
+            "a concurrency rule takes one slot per request: cost must be 1",
+        );
+    }
+    if raw.lease.is_some() {
+        return refuse(
+            format!("{at}.lease"),
+            "a concurrency rule takes no lease: each slot is held by one request",
+        );
+    }
+    if raw.local.is_some() {
+        return refuse(
+            format!("{at}.local"),
+            "a concurrency rule takes no local bucket (a bucket counts a rate); use scope \"local\" for a per-Envoy limit",
+        );
+    }
+    if raw.fallback.is_some() || raw.failure_mode == Some(RawRuleFailureMode::Local) {
+        return refuse(
+            format!("{at}.failure_mode"),
+            "a concurrency rule fails open or closed: a local fallback bucket counts a rate, not requests in flight",
+        );
+    }
+    if let Some(i) = raw.tiers.iter().position(|tier| tier.period.is_some()) {
+        return refuse(
+            format!("{at}.tiers[{i}].period"),
+            "a concurrency tier sets only its limit (slots last the rule's max_duration)",
+        );
+    }
+    Ok(())
 }
 
 /// The draft headers' window `w` is whole seconds: with them, a period of 250 ms would
@@ -195,10 +271,13 @@ fn compile_cost_from_response(
     has_lease: bool,
 ) -> Result<CostSource, ConfigError> {
     let field = format!("{at}.cost_from_response");
-    if algorithm == Algorithm::SlidingWindowLog {
+    if matches!(algorithm, Algorithm::SlidingWindowLog | Algorithm::Concurrency) {
         return Err(ConfigError::new(
             format!("{at}.algorithm"),
-            "a sliding_window_log keeps one entry per token and cannot be settled from the response: use token_bucket, fixed_window or sliding_window_counter",
+            format!(
+                "a {} cannot be settled from the response (one entry per token, or a slot per request): use token_bucket, fixed_window or sliding_window_counter",
+                algorithm.as_str()
+            ),
         ));
     }
     if scope == Scope::Local {
@@ -270,6 +349,10 @@ impl RawRule {
         if self.key.is_empty() {
             return Err(ConfigError::new(field("key"), "must name at least one key part"));
         }
+        let concurrency = self.algorithm == Algorithm::Concurrency;
+        if concurrency {
+            check_concurrency_rule(at, &self)?;
+        }
         let key = self
             .key
             .into_iter()
@@ -282,9 +365,15 @@ impl RawRule {
         let matcher = compile_match(&field("match"), self.matcher)?;
         let rate = Rate {
             limit: compile_limit(field("limit"), self.limit, self.algorithm)?,
-            period: compile_period(field("period"), &self.period)?,
+            period: compile_rule_period(
+                at,
+                self.algorithm,
+                self.period.as_deref(),
+                self.max_duration.as_deref(),
+            )?,
         };
-        check_whole_seconds(field("period"), rate.period, whole_seconds)?;
+        // A concurrency policy announces no window `w`.
+        check_whole_seconds(field("period"), rate.period, whole_seconds && !concurrency)?;
         let tiers = self
             .tiers
             .into_iter()
@@ -292,7 +381,11 @@ impl RawRule {
             .map(|(i, raw)| {
                 let at = format!("{at}.tiers[{i}]");
                 let tier = raw.compile(&at, &self.name, self.algorithm, rate.period)?;
-                check_whole_seconds(format!("{at}.period"), tier.rate.period, whole_seconds)?;
+                check_whole_seconds(
+                    format!("{at}.period"),
+                    tier.rate.period,
+                    whole_seconds && !concurrency,
+                )?;
                 Ok(tier)
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
@@ -305,10 +398,12 @@ impl RawRule {
                 "a local rule is its own local bucket: it takes no `local` nor `lease`",
             ));
         }
-        if self.scope == Scope::Local && self.algorithm != Algorithm::TokenBucket {
+        if self.scope == Scope::Local
+            && !matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::Concurrency)
+        {
             return Err(ConfigError::new(
                 field("algorithm"),
-                "a local rule is a token bucket",
+                "a local rule is a token bucket or a concurrency limit",
             ));
         }
         let local = self

@@ -332,6 +332,10 @@ fn cost_from_response_names_where_the_cost_is_read() {
             "rules[0].algorithm",
         ),
         (
+            r#""cost_from_response": {"header": "x"}, "algorithm": "concurrency""#,
+            "rules[0]",
+        ),
+        (
             r#""cost_from_response": {"header": "x"}, "scope": "local""#,
             "rules[0].scope",
         ),
@@ -344,4 +348,73 @@ fn cost_from_response_names_where_the_cost_is_read() {
         let err = error_for(&rule(extra));
         assert!(err.to_string().contains(field), "{err} should name {field}");
     }
+}
+
+#[test]
+fn a_concurrency_rule_takes_a_limit_and_a_max_duration_instead_of_a_period() {
+    let conc = |extra: &str| {
+        with_rule(&format!(
+            r#"{{"name": "c", "algorithm": "concurrency", "key": ["client_ip"], "limit": 3{extra}}}"#
+        ))
+    };
+    let config = FilterConfig::from_json(conc("").as_bytes()).unwrap();
+    let rule = &config.rules[0];
+    assert_eq!((rule.algorithm, rule.rate.limit()), (Algorithm::Concurrency, 3));
+    assert_eq!(rule.rate.period_ms(), 60_000, "max_duration defaults to 60s");
+    assert_eq!(rule.counter, "c/cc60000");
+    let tiered = conc(
+        r#", "max_duration": "2s", "shadow": true, "tiers": [{"name": "vip", "when": {"header": "x", "equals": "y"}, "limit": 9}]"#,
+    );
+    let config = FilterConfig::from_json(tiered.as_bytes()).unwrap();
+    assert_eq!(config.rules[0].rate.period_ms(), 2_000);
+    assert_eq!(config.rules[0].tiers[0].rate.limit(), 9);
+    // No window `w` to announce: a max_duration of any length goes with draft headers.
+    let draft = r#"{"shim_cluster": "c", "response": {"headers": "ietf-draft"}, "rules": [{"name": "c", "algorithm": "concurrency", "key": ["client_ip"], "limit": 3, "max_duration": "1500ms"}]}"#;
+    assert!(FilterConfig::from_json(draft.as_bytes()).is_ok());
+
+    let refused = [
+        (conc(r#", "period": "1s""#), "rules[0].period"),
+        (conc(r#", "max_duration": "0s""#), "rules[0].max_duration"),
+        (conc(r#", "max_duration": "soon""#), "rules[0].max_duration"),
+        (conc(r#", "cost": 2"#), "rules[0].cost"),
+        (
+            conc(r#", "costs": [{"match": {"path_prefix": "/x"}, "cost": 2}]"#),
+            "rules[0].costs[0].cost",
+        ),
+        (conc(r#", "lease": {"size": 2, "ttl": "1s"}"#), "rules[0].lease"),
+        (
+            conc(r#", "local": {"limit": 2, "period": "1s"}"#),
+            "rules[0].local",
+        ),
+        (
+            conc(r#", "failure_mode": "local", "fallback": {"limit": 2, "period": "1s"}"#),
+            "rules[0].failure_mode",
+        ),
+        (
+            conc(
+                r#", "tiers": [{"name": "t", "when": {"header": "x", "equals": "y"}, "limit": 2, "period": "1s"}]"#,
+            ),
+            "rules[0].tiers[0].period",
+        ),
+        (
+            conc(r#", "limit": 100001"#).replace(r#""limit": 3, "#, ""),
+            "rules[0].limit",
+        ),
+        (
+            with_rule(
+                r#"{"name": "r", "key": ["client_ip"], "limit": 1, "period": "1s", "max_duration": "5s"}"#,
+            ),
+            "rules[0].max_duration",
+        ),
+        (
+            with_rule(r#"{"name": "r", "key": ["client_ip"], "limit": 1}"#),
+            "rules[0].period",
+        ),
+    ];
+    for (json, field) in refused {
+        let err = error_for(&json);
+        assert_eq!(err.field, field, "{json}: got {err}");
+    }
+    // A cost of 1, said explicitly, is what a slot is.
+    assert!(FilterConfig::from_json(conc(r#", "cost": 1"#).as_bytes()).is_ok());
 }

@@ -17,6 +17,7 @@ use crate::batch::{Batch, Batcher, Call};
 use crate::local::{Claim, HeldLease};
 use crate::request::{Start, Transition};
 use crate::shim_call::{batch_body, read_batch_answer, RequestAnswer, ShimFailure};
+use crate::stream_end::{granted_to_gone, Held, SlotAsked};
 use crate::wire::{Check, Settlement, TokenReturn, CHECK_BATCH_PATH, MAX_BATCH, TOKEN_HEADER};
 use proxy_wasm::types::{Action, LogLevel, MapType, Status};
 use std::cell::{Cell, RefCell};
@@ -33,6 +34,9 @@ pub struct QueuedRequest {
     /// The lease acquisitions it makes: when it ends, the requests waiting for them run
     /// again.
     pub claims: Vec<Claim>,
+    /// The checks that can grant it a concurrency slot: released at once when the answer
+    /// finds the stream gone.
+    pub slots: Vec<SlotAsked>,
     /// When it joined the queue, in µs: the queued_us histogram.
     pub queued_at_us: u64,
 }
@@ -54,12 +58,11 @@ pub struct Dispatcher {
     lease_waiters: RefCell<Vec<LeaseWaiter>>,
     /// Leases this worker acquired for the Envoy, by counter, until they expire.
     held_leases: RefCell<HashMap<u64, HeldLease>>,
-    /// Unspent leased tokens to give back with the next call.
+    /// Tokens to give back with the next call: unspent leased tokens, released
+    /// concurrency slots.
     returns: RefCell<Vec<TokenReturn>>,
     /// Earlier requests' real costs, to settle with the next call.
     settlements: RefCell<Vec<Settlement>>,
-    /// The root has been woken to send the returns and settlements: no second wake-up.
-    flush_woken: Cell<bool>,
     call_refused_logged: Cell<bool>,
 }
 
@@ -73,7 +76,6 @@ impl Dispatcher {
             held_leases: RefCell::new(HashMap::new()),
             returns: RefCell::new(Vec::new()),
             settlements: RefCell::new(Vec::new()),
-            flush_woken: Cell::new(false),
             call_refused_logged: Cell::new(false),
         }
     }
@@ -88,24 +90,13 @@ impl Dispatcher {
         self.returns.borrow_mut().push(back);
     }
 
-    /// Queues requests' real costs to settle, and has them sent soon: with a call already
-    /// due, or alone. Runs in any context: only the root makes the call.
+    /// Queues requests' real costs to settle, sent soon (see `flush_adjustments`).
     pub fn settle(&self, settlements: Vec<Settlement>) {
         if settlements.is_empty() {
             return;
         }
         self.settlements.borrow_mut().extend(settlements);
-        if self.flush_woken.replace(true) {
-            return;
-        }
-        if let Err(error) = enqueue_shared_queue(self.wake_queue, b"1") {
-            // The root's tick sends them instead.
-            self.flush_woken.set(false);
-            log(
-                LogLevel::Warn,
-                &format!("cannot wake the worker's dispatcher: {error}"),
-            );
-        }
+        self.flush_adjustments();
     }
 
     /// Whether tokens or settlements wait to go back to the shim.
@@ -126,6 +117,27 @@ impl Dispatcher {
                 },
                 now,
             );
+        }
+    }
+
+    /// Makes the queued returns and settlements leave now rather than with the next
+    /// request's call: wakes the root, which sends them (alone, if no request waits) as
+    /// soon as a call may start. With every call in flight, the first to end sends them.
+    /// Any context may call this; the call itself is the root's.
+    pub fn flush_adjustments(&self) {
+        if !self.has_adjustments() {
+            return;
+        }
+        let wake = self.batcher.borrow_mut().wake_for_returns();
+        if wake {
+            if let Err(error) = enqueue_shared_queue(self.wake_queue, b"1") {
+                // The root's tick sends them instead.
+                self.batcher.borrow_mut().woken();
+                log(
+                    LogLevel::Warn,
+                    &format!("cannot wake the worker's dispatcher: {error}"),
+                );
+            }
         }
     }
 
@@ -169,13 +181,18 @@ impl Dispatcher {
                     events,
                 },
             ),
-            Start::AskShim { checks, claims } => {
+            Start::AskShim {
+                checks,
+                claims,
+                slots,
+            } => {
                 worker.record(events);
                 let queued = QueuedRequest {
                     context_id: request.context_id,
                     state: Rc::downgrade(&request.state),
                     checks,
                     claims,
+                    slots,
                     queued_at_us: now_us(),
                 };
                 self.submit(queued, deadline_ms);
@@ -254,16 +271,19 @@ impl Dispatcher {
     /// The root was woken through the queue.
     pub fn on_wake(&self, worker: &Worker) {
         hostcalls::drain_shared_queue(self.wake_queue);
-        self.flush_woken.set(false);
         self.batcher.borrow_mut().woken();
         self.dispatch_waiting(worker);
     }
 
     /// The safety net: requests that wait without a wake-up (none should) are sent or
-    /// failed within about one timeout.
+    /// failed within about one timeout, and returns left behind go.
     pub fn on_tick(&self, worker: &Worker) {
         let now = now_ms();
         self.return_expired_leases(worker, now);
+        if !self.returns.borrow().is_empty() {
+            self.batcher.borrow_mut().woken();
+            self.dispatch_waiting(worker);
+        }
         let overdue: Vec<u64> = self
             .lease_waiters
             .borrow()
@@ -307,7 +327,17 @@ impl Dispatcher {
                 if expired || !next.dropped.is_empty() {
                     continue;
                 }
-                self.send_adjustments_when_idle(worker, now);
+                // No request to carry the returns and settlements: they go alone (each
+                // call takes a batch's worth), so a released slot is free again within a
+                // round trip.
+                if self.has_adjustments() && self.batcher.borrow().may_call() {
+                    let returns_only = Batch {
+                        members: Vec::new(),
+                        timeout_ms: worker.config.shim.timeout_ms(),
+                    };
+                    self.send(worker, returns_only, now);
+                    continue;
+                }
                 return;
             };
             self.send(worker, batch, now);
@@ -446,14 +476,28 @@ impl Dispatcher {
         answer: RequestAnswer,
     ) {
         let Some(state) = request.state.upgrade() else {
+            self.release_for_gone_stream(worker, request, &answer);
             return;
         };
         if contexts.enter(request.context_id).is_err() {
+            self.release_for_gone_stream(worker, request, &answer);
             return;
         }
         let action = state.borrow_mut().answered(worker, now, answer);
         if let Action::Continue = action {
             resume_http_request();
+        }
+    }
+
+    /// The answer found the request's stream gone (the client went away while it
+    /// waited): what it granted goes back at once, queued for the next call.
+    fn release_for_gone_stream(&self, worker: &Worker, request: &QueuedRequest, answer: &RequestAnswer) {
+        let Ok(results) = answer else {
+            return;
+        };
+        let released = granted_to_gone(&request.slots, results);
+        if !released.is_empty() {
+            worker.record(released.into_iter().flat_map(Held::into_events).collect());
         }
     }
 }

@@ -50,15 +50,12 @@ impl RequestAttributes for HostRequest<'_> {
 }
 
 impl Context for RateLimitRequest {
-    /// The stream ended, however: the response's costs are settled now, whether or not
-    /// the client is still there, with the worker's next call to the shim.
+    /// The stream is over, whatever ended it (response complete, upstream reset,
+    /// timeout, client abort, a later filter's reply): the request gives back what it
+    /// holds. `on_log` does the same, whichever comes first: the second finds nothing
+    /// left.
     fn on_done(&mut self) -> bool {
-        let costs = std::mem::take(&mut self.request.state.borrow_mut().response_costs);
-        if !costs.is_empty() {
-            let (settlements, counts) = costs.finish();
-            self.worker.count(counts);
-            self.worker.dispatcher.settle(settlements);
-        }
+        self.request.end_stream(&self.worker);
         true
     }
 }
@@ -76,6 +73,11 @@ impl HttpContext for RateLimitRequest {
         }
         let transition = self.request.start(&worker, planned, now_ms());
         worker.dispatcher.proceed(&worker, &self.request, transition)
+    }
+
+    /// The stream is over (see `on_done`).
+    fn on_log(&mut self) {
+        self.request.end_stream(&self.worker);
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {

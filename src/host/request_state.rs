@@ -60,6 +60,24 @@ impl PendingRequest {
     pub fn apply(&self, worker: &Worker, transition: Transition<Outcome>) -> Action {
         self.state.borrow_mut().apply(worker, transition)
     }
+
+    /// The request's stream ended, however: what it holds goes back, and its response's
+    /// costs are settled, with the worker's next call, sent now if none is due.
+    pub fn end_stream(&self, worker: &Worker) {
+        let events = self.state.borrow_mut().decision.end_stream(&worker.local(false));
+        if !events.is_empty() {
+            worker.record(events);
+            worker.dispatcher.flush_adjustments();
+        }
+        // Settled on the stream's end, not the client's: a client gone mid-response is
+        // charged what the response reported so far (or the estimate).
+        let costs = std::mem::take(&mut self.state.borrow_mut().response_costs);
+        if !costs.is_empty() {
+            let (settlements, counts) = costs.finish();
+            worker.count(counts);
+            worker.dispatcher.settle(settlements);
+        }
+    }
 }
 
 impl RequestState {
@@ -71,6 +89,12 @@ impl RequestState {
             Ok(results) => self.decision.on_answer(&local, &results, now),
             Err(failure) => self.decision.on_failure(&local, failure, now),
         };
+        if self.decision.stream_ended() {
+            // Nobody to answer: the step's events give back what the answer granted.
+            worker.record(transition.events);
+            worker.dispatcher.flush_adjustments();
+            return Action::Pause;
+        }
         self.apply(worker, transition)
     }
 

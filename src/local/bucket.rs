@@ -43,7 +43,7 @@ impl Bucket {
             },
             granted: if allowed { cost } else { 0 },
             lease_window_ms: 0,
-            lease_stamp: 0,
+            stamp: 0,
         }
     }
 

@@ -70,7 +70,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                 retry_after_ms: 0,
                 granted: cost,
                 lease_window_ms: 0,
-                lease_stamp: 0,
+                stamp: 0,
             };
             (Some(leased), true)
         })
@@ -103,7 +103,8 @@ impl<S: SlotStore> LocalLayer<'_, S> {
         } else {
             0
         };
-        let remember_denial = self.config.deny_cache && !rule.shadow && deny_for_ms > 0;
+        let remember_denial =
+            self.config.deny_cache && !rule.shadow && super::refusals_last(rule.algorithm) && deny_for_ms > 0;
         let acquiring = lease_size > 0;
         let lease = rule
             .lease
@@ -133,7 +134,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                     record.lease_tokens = 0;
                 }
                 record.lease_tokens += result.granted - cost;
-                record.lease_stamp = result.lease_stamp;
+                record.lease_stamp = result.stamp;
                 // Never past the end of the window the tokens were charged to: counted from
                 // before the shim charged them, not from when its answer came.
                 let ttl_ms = match result.lease_window_ms {

@@ -1,5 +1,6 @@
 //! The per-Envoy layer in front of the shim, kept in Envoy shared data so that every
-//! worker thread sees it: local token buckets, the deny cache and token leases.
+//! worker thread sees it: local token buckets, the deny cache, token leases and local
+//! concurrency counts.
 //!
 //! A [`LocalLayer`] is the configuration and the slot table (`slots`) together. For a
 //! planned request it runs, check by check (`step`), the lease, the deny cache and the
@@ -7,10 +8,11 @@
 //! ([`LocalPass`]); `lease` holds the lease protocol. When the shim answers, it learns from the answer (leases granted,
 //! keys to deny until their retry time); when the shim cannot answer, it applies each
 //! rule's local fallback. Whatever it charged is given back when the request ends up
-//! refused. Pure over a [`SlotStore`]: the host layer implements it over shared data,
+//! refused, and a local concurrency slot (`in_flight`) when its stream ends. Pure over a [`SlotStore`]: the host layer implements it over shared data,
 //! tests over a map.
 
 mod bucket;
+mod in_flight;
 mod lease;
 mod slots;
 mod step;
@@ -18,13 +20,14 @@ mod step;
 pub(crate) mod tests;
 
 pub use bucket::Bucket;
+pub use in_flight::InFlight;
 pub use lease::{Claim, HeldLease};
 pub use slots::{create_slots, fingerprint, slot_of, SlotError, SlotRecord, SlotStore, RECORD_LEN};
 
 use crate::config::{FilterConfig, RuleFailureMode, Scope};
 use crate::plan::PlannedCheck;
 use crate::stats::{Count, Stat};
-use crate::wire::{CheckResult, Rate, TokenReturn};
+use crate::wire::{Algorithm, CheckResult, Rate, TokenReturn};
 use slots::update;
 use step::LocalStep;
 
@@ -33,6 +36,14 @@ use step::LocalStep;
 /// raised, reaches every Envoy within this time, for one shim check per refused key per
 /// Envoy per interval.
 pub const DENY_RECHECK_MS: u64 = 1_000;
+
+/// Whether a refusal of this algorithm holds until a time the shim can tell, so the deny
+/// cache may keep it (and predict it from an admission that took the last token). A
+/// concurrency refusal lifts whenever a request in flight ends, at any moment: it is
+/// never cached, and every concurrency check asks the shim.
+pub(crate) fn refusals_last(algorithm: Algorithm) -> bool {
+    algorithm != Algorithm::Concurrency
+}
 
 /// The local layer of one filter instance on one worker: its configuration over its
 /// slot table.
@@ -91,9 +102,11 @@ impl LocalPass {
     }
 }
 
-/// A local charge to give back if the request ends up refused.
+/// A local charge to give back if the request ends up refused (and a local concurrency
+/// slot, when its stream ends).
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Charge {
+    rule_index: usize,
     fingerprint: u64,
     kind: ChargeKind,
     cost: u64,
@@ -104,6 +117,8 @@ enum ChargeKind {
     Bucket(Rate),
     Fallback(Rate),
     Lease,
+    /// A slot of a local concurrency limit, taken in this generation.
+    Slot(u64),
 }
 
 impl Charge {
@@ -112,6 +127,7 @@ impl Charge {
             ChargeKind::Bucket(rate) => record.bucket.give_back(rate, self.cost),
             ChargeKind::Fallback(rate) => record.fallback.give_back(rate, self.cost),
             ChargeKind::Lease => record.lease_tokens += self.cost,
+            ChargeKind::Slot(generation) => record.in_flight.give_back(generation),
         }
     }
 }
@@ -196,6 +212,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                 },
             };
             let charge = |kind| Charge {
+                rule_index: item.rule_index,
                 fingerprint,
                 kind,
                 cost: item.check.cost,
@@ -213,6 +230,11 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                 }
                 LocalStep::Decided(result, rate) => {
                     pass.charges.push(charge(ChargeKind::Bucket(rate)));
+                    *state = CheckState::Known(result);
+                }
+                LocalStep::TookSlot(result) => {
+                    let generation = u64::try_from(result.stamp).unwrap_or(0);
+                    pass.charges.push(charge(ChargeKind::Slot(generation)));
                     *state = CheckState::Known(result);
                 }
                 LocalStep::Shim {
@@ -325,6 +347,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                 if let Some(leased) = self.spend_lease(item, now_ms) {
                     *state = CheckState::Known(leased);
                     pass.charges.push(Charge {
+                        rule_index: item.rule_index,
                         fingerprint: fingerprint(&item.check.key),
                         kind: ChargeKind::Lease,
                         cost: item.check.cost,
@@ -342,7 +365,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
             item.rule.shadow || matches!(state, CheckState::Known(result) if result.allowed)
         });
         if !admitted {
-            self.give_back(&pass.charges);
+            self.give_back(&std::mem::take(&mut pass.charges));
         }
         Ok(())
     }
@@ -377,6 +400,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                         *state = CheckState::Known(result);
                         if result.allowed {
                             pass.charges.push(Charge {
+                                rule_index: item.rule_index,
                                 fingerprint,
                                 kind: ChargeKind::Fallback(rate),
                                 cost,
@@ -389,8 +413,26 @@ impl<S: SlotStore> LocalLayer<'_, S> {
             }
         }
         if verdict != FallbackVerdict::Allow {
-            self.give_back(&pass.charges);
+            self.give_back(&std::mem::take(&mut pass.charges));
         }
         verdict
+    }
+
+    /// The request's stream ended: the local concurrency slots it holds are given back.
+    /// Returns a count per slot released.
+    pub fn end_stream(&self, pass: &mut LocalPass) -> Vec<Count> {
+        let (slots, others): (Vec<Charge>, Vec<Charge>) = std::mem::take(&mut pass.charges)
+            .into_iter()
+            .partition(|charge| matches!(charge.kind, ChargeKind::Slot(_)));
+        pass.charges = others;
+        // Best effort: a release that cannot be written is recovered after max_duration.
+        self.give_back(&slots);
+        slots
+            .iter()
+            .map(|slot| Count {
+                rule_index: slot.rule_index,
+                stat: Stat::Released,
+            })
+            .collect()
     }
 }

@@ -9,9 +9,10 @@
 //! at start-up, before traffic, is what makes every later write a CAS.)
 
 use super::bucket::Bucket;
+use super::in_flight::InFlight;
 
 /// Encoded size of a slot.
-pub const RECORD_LEN: usize = 14 * 8;
+pub const RECORD_LEN: usize = 17 * 8;
 const MAX_ATTEMPTS: usize = 16;
 
 /// Access to the slot table.
@@ -53,6 +54,8 @@ pub struct SlotRecord {
     /// `acquiring_until_ms`: one acquisition per counter per Envoy at a time.
     pub acquirer: u64,
     pub acquiring_until_ms: u64,
+    /// A local concurrency limit's requests in flight.
+    pub in_flight: InFlight,
 }
 
 impl SlotRecord {
@@ -72,6 +75,9 @@ impl SlotRecord {
             self.lease_stamp as u64,
             self.acquirer,
             self.acquiring_until_ms,
+            self.in_flight.count,
+            self.in_flight.generation,
+            self.in_flight.taken_ms,
         ];
         let mut bytes = [0u8; RECORD_LEN];
         for (chunk, word) in bytes.chunks_exact_mut(8).zip(words) {
@@ -91,7 +97,7 @@ impl SlotRecord {
             le.copy_from_slice(chunk);
             *word = u64::from_le_bytes(le);
         }
-        let [fingerprint, tokens, updated_ms, fallback_tokens, fallback_updated_ms, deny_until_ms, deny_cost, deny_retry_at_ms, deny_reset_at_ms, lease_tokens, lease_expires_ms, lease_stamp, acquirer, acquiring_until_ms] =
+        let [fingerprint, tokens, updated_ms, fallback_tokens, fallback_updated_ms, deny_until_ms, deny_cost, deny_retry_at_ms, deny_reset_at_ms, lease_tokens, lease_expires_ms, lease_stamp, acquirer, acquiring_until_ms, in_flight_count, in_flight_generation, in_flight_taken_ms] =
             words;
         SlotRecord {
             fingerprint,
@@ -112,6 +118,11 @@ impl SlotRecord {
             lease_stamp: lease_stamp as i64,
             acquirer,
             acquiring_until_ms,
+            in_flight: InFlight {
+                count: in_flight_count,
+                generation: in_flight_generation,
+                taken_ms: in_flight_taken_ms,
+            },
         }
     }
 }
@@ -160,10 +171,13 @@ pub fn update<R>(
             // their local buckets, so a flood of keys (or a key crafted to collide with a
             // victim's) fails towards refusing instead of starting from a full bucket.
             // Its deny entry and lease belong to its own global counter and are dropped.
+            // Requests in flight are kept too: they are still in flight, and their
+            // releases must find them.
             record = SlotRecord {
                 fingerprint,
                 bucket: record.bucket,
                 fallback: record.fallback,
+                in_flight: record.in_flight,
                 ..SlotRecord::default()
             };
         }

@@ -7,7 +7,7 @@ use super::slots::SlotRecord;
 use super::{LocalLayer, Probe, SlotStore};
 use crate::config::Scope;
 use crate::plan::PlannedCheck;
-use crate::wire::{CheckResult, Rate};
+use crate::wire::{Algorithm, CheckResult, Rate};
 
 /// What the local layer decided for one check, before its shared data is written back.
 pub(super) enum LocalStep {
@@ -16,6 +16,8 @@ pub(super) enum LocalStep {
     Refused(CheckResult),
     /// A local rule's bucket admitted, charging this rate.
     Decided(CheckResult, Rate),
+    /// A local concurrency rule took a slot: held until the request's stream ends.
+    TookSlot(CheckResult),
     /// Served from the Envoy's lease (after charging the local bucket, if any).
     Leased(CheckResult, Option<Rate>),
     /// For the shim, after charging the local bucket (if any), asking for a lease of
@@ -45,7 +47,10 @@ impl<S: SlotStore> LocalLayer<'_, S> {
         let lease = rule.lease.filter(|_| rule.scope == Scope::Global);
         let lease_usable =
             lease.is_some() && record.lease_tokens >= check.cost && now_ms < record.lease_expires_ms;
-        let denies = self.config.deny_cache && !rule.shadow && check.cost >= record.deny_cost;
+        let denies = self.config.deny_cache
+            && !rule.shadow
+            && super::refusals_last(rule.algorithm)
+            && check.cost >= record.deny_cost;
         // The deny cache never refuses what this Envoy's own lease can admit.
         if !lease_usable {
             if denies && record.deny_until_ms > now_ms {
@@ -60,7 +65,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                     retry_after_ms: retry_at_ms - now_ms,
                     granted: 0,
                     lease_window_ms: 0,
-                    lease_stamp: 0,
+                    stamp: 0,
                 };
                 return (LocalStep::DenyCached(refusal), false);
             }
@@ -71,6 +76,15 @@ impl<S: SlotStore> LocalLayer<'_, S> {
             {
                 return (LocalStep::AwaitLease, false);
             }
+        }
+        if rule.scope == Scope::Local && rule.algorithm == Algorithm::Concurrency {
+            let result = record.in_flight.take(now_ms, item.rate);
+            let step = if result.allowed {
+                LocalStep::TookSlot(result)
+            } else {
+                LocalStep::Refused(result)
+            };
+            return (step, true);
         }
         let bucket = match rule.scope {
             Scope::Local => Some(item.rate),
@@ -95,7 +109,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                 retry_after_ms: 0,
                 granted: check.cost,
                 lease_window_ms: 0,
-                lease_stamp: 0,
+                stamp: 0,
             };
             return (LocalStep::Leased(leased, bucket), true);
         }

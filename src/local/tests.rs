@@ -93,7 +93,7 @@ fn shim_result(allowed: bool, granted: u64, retry_after_ms: u64) -> CheckResult 
         retry_after_ms,
         granted,
         lease_window_ms: 0,
-        lease_stamp: 0,
+        stamp: 0,
     }
 }
 
@@ -552,7 +552,7 @@ fn what_an_expired_lease_leaves_goes_back_once() {
     let planned = plan(&config, &request("k"));
     let mut acquiring = local.before_shim(&planned, 1_000);
     let grant = CheckResult {
-        lease_stamp: 42,
+        stamp: 42,
         ..shim_result(true, 5, 0)
     };
     local

@@ -174,6 +174,41 @@ pub fn envoy_config_with_filters(shim_port: u16, plugin_config: &Value, filters_
     })
 }
 
+/// How long Envoy waits for the upstream of [`envoy_config_to_upstream`] before it
+/// answers 504 itself: the route timeout.
+pub const UPSTREAM_ROUTE_TIMEOUT_MS: u64 = 300;
+
+/// As [`envoy_config`], routing to a real upstream on `upstream_port` (HTTP/1.1) with a
+/// route timeout of [`UPSTREAM_ROUTE_TIMEOUT_MS`], and with Envoy's fault filter after
+/// ours: a request carrying `x-envoy-fault-abort-request: <status>` is refused there, by
+/// a later filter, after ours admitted it.
+pub fn envoy_config_to_upstream(shim_port: u16, plugin_config: &Value, upstream_port: u16) -> Value {
+    let mut config = envoy_config(shim_port, plugin_config);
+    let manager =
+        &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+    manager["route_config"]["virtual_hosts"][0]["routes"] = json!([{
+        "match": { "prefix": "/" },
+        "route": { "cluster": "upstream", "timeout": format!("{}s", UPSTREAM_ROUTE_TIMEOUT_MS as f64 / 1000.0) }
+    }]);
+    let filters = manager["http_filters"].as_array_mut().unwrap();
+    let router = filters.pop().unwrap();
+    filters.push(json!({ "name": "envoy.filters.http.fault",
+        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+            "abort": { "header_abort": {}, "percentage": { "numerator": 100, "denominator": "HUNDRED" } } } }));
+    filters.push(router);
+    config["static_resources"]["clusters"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({
+            "name": "upstream",
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "load_assignment": { "cluster_name": "upstream",
+                "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": loopback(upstream_port) } }] }] }
+        }));
+    config
+}
+
 /// Our filter with `plugin_config` as its configuration; a JSON string is passed as the
 /// raw configuration text (to try text that is not one JSON object).
 pub fn wasm_filter(plugin_config: &Value) -> Value {

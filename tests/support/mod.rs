@@ -1,5 +1,5 @@
-//! Test harness: real Redis, the real shim (in-process from its library, or its binary)
-//! and real Envoy loading the built `.wasm`, each on a port it picked itself or one
+//! Test harness: real Redis, the real shim (in-process from its library, or its binary),
+//! real Envoy loading the built `.wasm` and a real upstream behind it (`upstream.rs`), each on a port it picked itself or one
 //! claimed for it (`ports.rs`), stopped when dropped.
 //!
 //! Readiness is polled (Redis PING, the shim's `/healthz`, Envoy admin `/ready`), never
@@ -16,6 +16,7 @@ pub mod ports;
 pub mod process;
 pub mod redis;
 pub mod shim;
+pub mod upstream;
 
 pub use envoy::*;
 pub use fixtures::*;
@@ -25,3 +26,4 @@ pub use ports::*;
 pub use process::*;
 pub use redis::*;
 pub use shim::*;
+pub use upstream::*;

@@ -20,10 +20,16 @@
 //! - `remaining` counts whole requests of cost 1 still admissible now (after the charge);
 //!   `reset_ms` is the time until the counter is back to its full limit; `retry_after_ms`
 //!   the time until this check would admit the request (0 when it admits).
+//! - A `concurrency` check counts requests in flight, not a rate: its `period_ms` is the
+//!   rule's `max_duration` (how long a slot stays taken when its release is lost), its
+//!   cost is 1, and the `stamp` of its result names the slot taken, which the filter gives
+//!   back as a [`TokenReturn`] (amount 1) when the request's stream ends.
 
 mod rate;
 
-pub use rate::{Limit, OutOfBounds, Period, Rate, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD_MS};
+pub use rate::{
+    Limit, OutOfBounds, Period, Rate, MAX_CONCURRENCY_LIMIT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD_MS,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::fmt;
@@ -60,14 +66,18 @@ pub enum Algorithm {
     /// The previous window weighted by its overlap plus the current one: close to the
     /// sliding limit with two counters.
     SlidingWindowCounter,
+    /// At most `limit` requests in flight; `period` is how long a slot whose release was
+    /// lost stays taken.
+    Concurrency,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 5] = [
         Algorithm::TokenBucket,
         Algorithm::FixedWindow,
         Algorithm::SlidingWindowLog,
         Algorithm::SlidingWindowCounter,
+        Algorithm::Concurrency,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -76,6 +86,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindowLog => "sliding_window_log",
             Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 }
@@ -140,7 +151,7 @@ pub struct BatchCheckRequest {
 }
 
 /// The real cost of an admitted request, read from its response: the counter `key` it
-/// was charged `charged` tokens to (where `stamp` says: the result's `lease_stamp`) is
+/// was charged `charged` tokens to (where `stamp` says: the result's `stamp`) is
 /// adjusted to `actual`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -169,8 +180,9 @@ impl Settlement {
     }
 }
 
-/// Leased tokens given back unspent: `amount` tokens to the counter `key`, charged where
-/// `stamp` says (the `lease_stamp` of the grant).
+/// Tokens given back to the counter `key`: `amount` tokens charged where `stamp` says
+/// (the `stamp` of the grant). Leased tokens left unspent, or a concurrency slot released
+/// when its request's stream ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenReturn {
@@ -222,10 +234,12 @@ pub struct CheckResult {
     /// into a window they were not charged to; 0: no bound but the rule's lease ttl.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub lease_window_ms: u64,
-    /// Where this request's tokens were charged (a window's start; 0 for a token bucket):
-    /// what a lease's return of unspent tokens, or a settlement, names.
-    #[serde(default, skip_serializing_if = "is_zero_i64")]
-    pub lease_stamp: i64,
+    /// Where this request's charge went (a window, an instant, a concurrency slot's id),
+    /// to give back what a lease leaves unspent or the slot a request held; 0 when
+    /// nothing was charged. (Read under its former name too, `lease_stamp`, which only
+    /// leases carried.)
+    #[serde(default, alias = "lease_stamp", skip_serializing_if = "is_zero_i64")]
+    pub stamp: i64,
 }
 
 /// Why a check request is refused before it reaches Redis.
@@ -289,6 +303,11 @@ impl BatchCheckRequest {
             if back.amount == 0 || back.amount > back.limit {
                 return fail(format!("returns[{i}].amount: must be 1..=limit"));
             }
+            if back.algorithm == Algorithm::Concurrency && back.amount != 1 {
+                return fail(format!(
+                    "returns[{i}].amount: a concurrency slot is given back alone (1)"
+                ));
+            }
         }
         if self.settlements.len() > MAX_BATCH {
             return fail(format!("settlements: at most {MAX_BATCH}"));
@@ -302,8 +321,14 @@ impl BatchCheckRequest {
                 settled.limit,
                 settled.period_ms,
             )?;
-            if settled.algorithm == Algorithm::SlidingWindowLog {
-                return fail(format!("{at}.algorithm: a sliding_window_log cannot be settled"));
+            if matches!(
+                settled.algorithm,
+                Algorithm::SlidingWindowLog | Algorithm::Concurrency
+            ) {
+                return fail(format!(
+                    "{at}.algorithm: a {} cannot be settled",
+                    settled.algorithm.as_str()
+                ));
             }
             if settled.charged == 0 || settled.charged > settled.limit {
                 return fail(format!("{at}.charged: must be 1..=limit"));
@@ -343,6 +368,11 @@ impl CheckRequest {
             }
             if check.lease != 0 && (check.lease < check.cost || check.lease > check.limit) {
                 return fail(format!("checks[{i}].lease: must be 0 or cost..=limit"));
+            }
+            if check.algorithm == Algorithm::Concurrency && (check.cost != 1 || check.lease != 0) {
+                return fail(format!(
+                    "checks[{i}]: a concurrency check takes one slot (cost 1, no lease)"
+                ));
             }
         }
         Ok(())
@@ -565,6 +595,36 @@ mod tests {
                     checks: vec![check("a"); MAX_CHECKS + 1],
                 },
                 "at most",
+            ),
+            (
+                CheckRequest {
+                    checks: vec![Check {
+                        algorithm: Algorithm::Concurrency,
+                        cost: 2,
+                        ..check("a")
+                    }],
+                },
+                "concurrency check takes one slot",
+            ),
+            (
+                CheckRequest {
+                    checks: vec![Check {
+                        algorithm: Algorithm::Concurrency,
+                        lease: 3,
+                        ..check("a")
+                    }],
+                },
+                "concurrency check takes one slot",
+            ),
+            (
+                CheckRequest {
+                    checks: vec![Check {
+                        algorithm: Algorithm::Concurrency,
+                        limit: MAX_CONCURRENCY_LIMIT + 1,
+                        ..check("a")
+                    }],
+                },
+                "checks[0].limit",
             ),
         ];
         for (request, expected) in cases {

@@ -13,6 +13,8 @@ pub const MAX_PERIOD_MS: u64 = 366 * 24 * 3600 * 1000;
 pub const MAX_LIMIT: u64 = 1_000_000_000;
 /// Largest limit of a sliding window log, which stores one entry per admitted token.
 pub const MAX_LOG_LIMIT: u64 = 10_000;
+/// Largest limit of a concurrency counter, which stores one entry per request in flight.
+pub const MAX_CONCURRENCY_LIMIT: u64 = 100_000;
 
 /// A value outside its bounds; the text says which bounds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,16 +38,18 @@ impl Limit {
     }
 
     /// A limit the algorithm can hold: a sliding window log stores one entry per token,
-    /// so it takes at most `MAX_LOG_LIMIT`.
+    /// so it takes at most `MAX_LOG_LIMIT`; a concurrency counter one per request in
+    /// flight, at most `MAX_CONCURRENCY_LIMIT`.
     pub fn for_algorithm(value: u64, algorithm: Algorithm) -> Result<Limit, OutOfBounds> {
         let max = match algorithm {
             Algorithm::SlidingWindowLog => MAX_LOG_LIMIT,
+            Algorithm::Concurrency => MAX_CONCURRENCY_LIMIT,
             _ => MAX_LIMIT,
         };
         if value == 0 || value > max {
             return Err(OutOfBounds(match algorithm {
-                Algorithm::SlidingWindowLog => {
-                    format!("must be between 1 and {max} for a sliding_window_log")
+                Algorithm::SlidingWindowLog | Algorithm::Concurrency => {
+                    format!("must be between 1 and {max} for a {}", algorithm.as_str())
                 }
                 _ => format!("must be between 1 and {max}"),
             }));
@@ -137,6 +141,8 @@ mod tests {
         assert!(Limit::try_from(MAX_LIMIT + 1).is_err());
         assert!(Limit::for_algorithm(MAX_LOG_LIMIT + 1, Algorithm::SlidingWindowLog).is_err());
         assert!(Limit::for_algorithm(MAX_LOG_LIMIT + 1, Algorithm::FixedWindow).is_ok());
+        assert!(Limit::for_algorithm(MAX_CONCURRENCY_LIMIT + 1, Algorithm::Concurrency).is_err());
+        assert!(Limit::for_algorithm(MAX_CONCURRENCY_LIMIT, Algorithm::Concurrency).is_ok());
         assert!(Period::try_from(0u64).is_err());
         assert!(Period::try_from(Duration::from_secs(367 * 86_400)).is_err());
         assert_eq!(
