@@ -170,6 +170,7 @@ pub async fn give_back<S: Store>(
             cost: 1,
             shadow: false,
             lease: 0,
+            calendar: back.calendar,
         })
         .collect();
     for group in store.group_by_slot(keys) {
@@ -419,6 +420,7 @@ mod tests {
             cost: 1,
             shadow: false,
             lease: 0,
+            calendar: None,
         }
     }
 

@@ -16,9 +16,13 @@
 //! - `remaining` counts whole requests of cost 1 still admissible now (after the charge);
 //!   `reset_ms` is the time until the counter is back to its full limit; `retry_after_ms`
 //!   the time until this check would admit the request (0 when it admits).
+//! - A check with a `calendar` is a fixed window aligned to the calendar (see
+//!   [`calendar`]); its `period_ms` is the unit's longest window.
 
+pub mod calendar;
 mod rate;
 
+pub use calendar::{CalendarUnit, CalendarWindow};
 pub use rate::{Limit, OutOfBounds, Period, Rate, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD_MS};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -97,6 +101,9 @@ pub struct Check {
     /// Tokens to take at once for a local lease (0: no lease, take `cost`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub lease: u64,
+    /// A fixed window aligned to the calendar instead of to multiples of `period_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<CalendarWindow>,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -142,6 +149,9 @@ pub struct TokenReturn {
     pub amount: u64,
     #[serde(default, skip_serializing_if = "is_zero_i64")]
     pub stamp: i64,
+    /// The counter's calendar, as in its [`Check`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<CalendarWindow>,
 }
 
 fn is_zero_i64(value: &i64) -> bool {
@@ -200,13 +210,15 @@ impl fmt::Display for InvalidRequest {
 impl std::error::Error for InvalidRequest {}
 
 /// The bounds of a counter a check or a return names (`at` is its place, for the
-/// message): its key, and a limit and period its algorithm can hold.
+/// message): its key, a limit and period its algorithm can hold, and a calendar only on a
+/// fixed window, with an offset in use and the unit's longest window as its period.
 fn check_counter(
     at: &str,
     key: &str,
     algorithm: Algorithm,
     limit: u64,
     period_ms: u64,
+    calendar: Option<CalendarWindow>,
 ) -> Result<(), InvalidRequest> {
     let fail = |msg: String| Err(InvalidRequest(msg));
     if key.is_empty() || key.len() > MAX_KEY_LEN {
@@ -220,6 +232,25 @@ fn check_counter(
     }
     if let Err(bounds) = Period::try_from(period_ms) {
         return fail(format!("{at}.period_ms: {bounds}"));
+    }
+    if let Some(window) = calendar {
+        if algorithm != Algorithm::FixedWindow {
+            return fail(format!("{at}.calendar: only a fixed_window has a calendar"));
+        }
+        if !window.offset_in_bounds() {
+            return fail(format!(
+                "{at}.calendar.offset_minutes: must be between {} and {}",
+                calendar::MIN_OFFSET_MINUTES,
+                calendar::MAX_OFFSET_MINUTES
+            ));
+        }
+        if period_ms != window.unit.longest_ms() {
+            return fail(format!(
+                "{at}.period_ms: a {} calendar's period is {} ms",
+                window.unit.as_str(),
+                window.unit.longest_ms()
+            ));
+        }
     }
     Ok(())
 }
@@ -243,6 +274,7 @@ impl BatchCheckRequest {
                 back.algorithm,
                 back.limit,
                 back.period_ms,
+                back.calendar,
             )?;
             if back.amount == 0 || back.amount > back.limit {
                 return fail(format!("returns[{i}].amount: must be 1..=limit"));
@@ -270,6 +302,7 @@ impl CheckRequest {
                 check.algorithm,
                 check.limit,
                 check.period_ms,
+                check.calendar,
             )?;
             if !seen.insert(check.key.as_str()) {
                 return fail(format!("checks[{i}].key: duplicate key in one request"));
@@ -301,6 +334,7 @@ mod tests {
             cost: 1,
             shadow: false,
             lease: 0,
+            calendar: None,
         }
     }
 
@@ -352,6 +386,7 @@ mod tests {
             period_ms: 1_000,
             amount,
             stamp: 1_000,
+            calendar: None,
         };
         let returns_only = BatchCheckRequest {
             requests: vec![],
@@ -451,15 +486,73 @@ mod tests {
                 },
                 "at most",
             ),
+            (
+                CheckRequest {
+                    checks: vec![Check {
+                        calendar: Some(month(0)),
+                        ..check("a")
+                    }],
+                },
+                "checks[0].calendar: only a fixed_window",
+            ),
+            (
+                CheckRequest {
+                    checks: vec![Check {
+                        algorithm: Algorithm::FixedWindow,
+                        calendar: Some(month(0)),
+                        ..check("a")
+                    }],
+                },
+                "checks[0].period_ms",
+            ),
+            (
+                CheckRequest {
+                    checks: vec![Check {
+                        calendar: Some(month(15 * 60)),
+                        ..calendar_check("a")
+                    }],
+                },
+                "checks[0].calendar.offset_minutes",
+            ),
         ];
         for (request, expected) in cases {
             let err = request.validate().unwrap_err();
             assert!(err.0.contains(expected), "{err} should mention {expected}");
         }
         assert!(CheckRequest {
-            checks: vec![check("a"), check("b")]
+            checks: vec![check("a"), check("b"), calendar_check("c")]
         }
         .validate()
         .is_ok());
+    }
+
+    fn month(offset_minutes: i32) -> CalendarWindow {
+        CalendarWindow {
+            unit: CalendarUnit::Month,
+            offset_minutes,
+        }
+    }
+
+    fn calendar_check(key: &str) -> Check {
+        Check {
+            algorithm: Algorithm::FixedWindow,
+            period_ms: CalendarUnit::Month.longest_ms(),
+            calendar: Some(month(-210)),
+            ..check(key)
+        }
+    }
+
+    #[test]
+    fn a_calendar_travels_as_its_unit_and_offset() {
+        let json = serde_json::to_string(&calendar_check("k")).unwrap();
+        assert!(
+            json.contains(r#""calendar":{"unit":"month","offset_minutes":-210}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<Check>(&json).unwrap(), calendar_check("k"));
+        // Without one, nothing is sent: older shims keep understanding the checks.
+        assert!(!serde_json::to_string(&check("k")).unwrap().contains("calendar"));
+        let unknown_unit = r#"{"key":"k","limit":5,"period_ms":1,"calendar":{"unit":"year"}}"#;
+        assert!(serde_json::from_str::<Check>(unknown_unit).is_err());
     }
 }
