@@ -182,7 +182,7 @@ pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -202,7 +202,7 @@ pub(crate) mod tests {
     /// Boundaries: (unit, offset, the boundary as a UTC instant, the start of the window
     /// before it). At the boundary the next window starts; 1 ms before, the previous one
     /// ends there.
-    pub(crate) fn boundary_table() -> Vec<(CalendarUnit, &'static str, i64, i64)> {
+    fn boundary_table() -> Vec<(CalendarUnit, &'static str, i64, i64)> {
         use CalendarUnit::*;
         vec![
             // Month ends of 31, 30, 28 and 29 days; leap years 2024 and 2000, not 2100.
