@@ -1,6 +1,7 @@
-//! Compiling one rule: its name, key, match, rate, tiers, costs, local bucket, lease and
-//! failure mode, each checked against the others (a cost must fit every limit the rule
-//! can apply, a lease must hold the largest cost).
+//! Compiling one rule: its name, key, match, window (a period, or a calendar), rate,
+//! tiers, costs, local bucket, lease and failure mode, each checked against the others (a
+//! cost must fit every limit the rule can apply, a lease must hold the largest cost, a
+//! calendar quota is a global fixed window).
 
 use super::model::{
     FailureMode, Lease, Rule, RuleFailureMode, Scope, Tier, TierCondition, ValueTest, WeightedCost,
