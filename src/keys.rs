@@ -3,7 +3,8 @@
 //!
 //! Keys are unambiguous and carry no client data in the clear: each part is written with
 //! its kind and length before its bytes, the whole is hashed with SHA-256, and the key is
-//! `<rule name>/<algorithm><period>:{<first 96 bits of the hash, hex>}`: no collision
+//! `<rule name>/<algorithm><period>:{<first 96 bits of the hash, hex>}` (for a calendar
+//! quota `<rule name>/fw-<unit><offset>:{...}`): no collision
 //! in practice for billions of clients per rule, and 8 bytes less per Redis key than 128
 //! bits. Rule names cannot contain `/` or `:`, so two different rule/part combinations
 //! never share a counter, and an API key never reaches Redis. The hash is a Redis Cluster
@@ -11,7 +12,8 @@
 //! and per user per day, say) land in one slot and are checked in one atomic script.
 
 use crate::attributes::{is_header_name, RequestAttributes};
-use crate::wire::Algorithm;
+use crate::wire::calendar::UtcOffset;
+use crate::wire::{Algorithm, CalendarWindow};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::net::{IpAddr, SocketAddr};
@@ -116,6 +118,14 @@ pub fn counter_name(rule_name: &str, algorithm: Algorithm, period_ms: u64) -> St
         Algorithm::Concurrency => "cc",
     };
     format!("{rule_name}/{tag}{period_ms}")
+}
+
+/// The name of a calendar rule's counters: `<rule>/fw-<unit><±HHMM>`, e.g.
+/// `quota/fw-month+0530`. The window a counter's state describes depends on the unit and
+/// the offset, so changing either starts new counters, as a period change does.
+pub fn calendar_counter_name(rule_name: &str, calendar: CalendarWindow) -> String {
+    let offset = UtcOffset(calendar.offset_minutes).to_string().replace(':', "");
+    format!("{rule_name}/fw-{}{offset}", calendar.unit.as_str())
 }
 
 /// The counter key named `counter` (see [`counter_name`]), keyed on `parts`, for this
@@ -351,5 +361,28 @@ mod tests {
         let distinct: std::collections::HashSet<&String> = names.iter().collect();
         assert_eq!(distinct.len(), names.len(), "{names:?}");
         assert_eq!(names[0], "r/tb60000");
+    }
+
+    #[test]
+    fn each_calendar_unit_and_offset_has_its_own_counters() {
+        use crate::wire::CalendarUnit;
+        let calendar =
+            |unit, offset_minutes| calendar_counter_name("r", CalendarWindow { unit, offset_minutes });
+        let names = [
+            calendar(CalendarUnit::Day, 0),
+            calendar(CalendarUnit::Week, 0),
+            calendar(CalendarUnit::Month, 0),
+            calendar(CalendarUnit::Month, 330),
+            calendar(CalendarUnit::Month, -330),
+            counter_name("r", Algorithm::FixedWindow, CalendarUnit::Day.longest_ms()),
+        ];
+        let distinct: std::collections::HashSet<&String> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
+        assert_eq!(names[3], "r/fw-month+0530");
+        assert_eq!(names[4], "r/fw-month-0530");
+        // What a key may hold (printable ASCII, no `:` before the hash tag).
+        assert!(names
+            .iter()
+            .all(|n| n.bytes().all(|b| b.is_ascii_graphic() && b != b':')));
     }
 }

@@ -50,6 +50,7 @@ pub fn plan(config: &FilterConfig, request: &impl RequestAttributes) -> Vec<Plan
                     cost,
                     shadow: rule.shadow,
                     lease: 0,
+                    calendar: rule.calendar,
                 },
             })
         })

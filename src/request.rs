@@ -204,6 +204,7 @@ impl RequestDecision {
                         charged: result.granted,
                         actual: result.granted,
                         stamp: result.stamp,
+                        calendar: item.check.calendar,
                     },
                 })
             })

@@ -6,6 +6,7 @@
 //! and never appear in client-facing headers.
 
 use crate::config::{HeaderStyle, ResponseSettings, Rule};
+use crate::wire::calendar::UtcOffset;
 use crate::wire::{Algorithm, Check, CheckResult};
 use serde_json::json;
 
@@ -126,7 +127,7 @@ fn x_reset_ms(judged: &Judged<'_>) -> u64 {
 
 /// The draft's `RateLimit-Policy` item for a rule: a rate's quota over its window `w`,
 /// or a concurrency limit's quota of requests in flight (`qu`), which has no window.
-fn draft_policy(judged: &Judged<'_>) -> String {
+fn draft_policy(judged: &Judged<'_>, now_unix_ms: u64) -> String {
     let Judged { rule, check, .. } = judged;
     if check.algorithm == Algorithm::Concurrency {
         format!("\"{}\";q={};qu=\"concurrent-requests\"", rule.name, check.limit)
@@ -135,8 +136,30 @@ fn draft_policy(judged: &Judged<'_>) -> String {
             "\"{}\";q={};w={}",
             rule.name,
             check.limit,
-            ceil_seconds(check.period_ms).max(1)
+            policy_window_seconds(check, now_unix_ms)
         )
+    }
+}
+
+/// The draft's window `w` in seconds: the period, or for a calendar rule the length of
+/// the calendar window holding now (a month of 28 to 31 days, a day, a week).
+fn policy_window_seconds(check: &Check, now_unix_ms: u64) -> u64 {
+    let window_ms = match check.calendar {
+        Some(calendar) => calendar.length_at(i64::try_from(now_unix_ms).unwrap_or(i64::MAX)),
+        None => check.period_ms,
+    };
+    ceil_seconds(window_ms).max(1)
+}
+
+/// How a refusal names the rule's window: "per 60000 ms", "per month (UTC+05:30)".
+fn per_window(check: &Check) -> String {
+    match check.calendar {
+        Some(calendar) => format!(
+            "per {} (UTC{})",
+            calendar.unit.as_str(),
+            UtcOffset(calendar.offset_minutes)
+        ),
+        None => format!("per {} ms", check.period_ms),
     }
 }
 
@@ -168,7 +191,7 @@ fn rate_limit_headers(
         ));
     }
     if matches!(style, HeaderStyle::IetfDraft | HeaderStyle::Both) {
-        let policies: Vec<String> = enforcing.iter().map(|j| draft_policy(j)).collect();
+        let policies: Vec<String> = enforcing.iter().map(|j| draft_policy(j, now_unix_ms)).collect();
         let states: Vec<String> = enforcing
             .iter()
             .map(|j| {
@@ -218,23 +241,38 @@ fn refusal(judged: &Judged<'_>, mut headers: Headers, settings: &ResponseSetting
             })
             .to_string(),
         ),
-        None => (
-            PROBLEM_JSON.to_string(),
-            json!({
+        None => {
+            let mut problem = json!({
                 "type": "about:blank",
                 "title": "Too Many Requests",
                 "status": settings.status,
                 "detail": format!(
-                    "Rate limit '{}' exceeded: {} per {} ms. Retry in {} s.",
-                    rule.name, check.limit, check.period_ms, retry_after
+                    "Rate limit '{}' exceeded: {} {}. Retry in {} s.",
+                    rule.name,
+                    check.limit,
+                    per_window(check),
+                    retry_after
                 ),
                 "rule": rule.name,
                 "limit": check.limit,
-                "period_ms": check.period_ms,
                 "retry_after": retry_after,
-            })
-            .to_string(),
-        ),
+            });
+            // A calendar window has no fixed length: it is named, not measured.
+            let window = match check.calendar {
+                Some(calendar) => vec![
+                    ("calendar", json!(calendar.unit.as_str())),
+                    (
+                        "utc_offset",
+                        json!(UtcOffset(calendar.offset_minutes).to_string()),
+                    ),
+                ],
+                None => vec![("period_ms", json!(check.period_ms))],
+            };
+            if let Some(fields) = problem.as_object_mut() {
+                fields.extend(window.into_iter().map(|(name, value)| (name.to_string(), value)));
+            }
+            (PROBLEM_JSON.to_string(), problem.to_string())
+        }
     };
     headers.push(("content-type".into(), content_type));
     LocalReply {
@@ -277,12 +315,13 @@ mod tests {
     fn check_for(rule: &Rule) -> Check {
         Check {
             key: format!("{}:{{k}}", rule.name),
-            algorithm: Algorithm::TokenBucket,
+            algorithm: rule.algorithm,
             limit: rule.rate.limit(),
             period_ms: rule.rate.period_ms(),
             cost: 1,
             shadow: rule.shadow,
             lease: 0,
+            calendar: rule.calendar,
         }
     }
 
@@ -421,6 +460,61 @@ mod tests {
         assert_eq!(reply.body, "r: 5 max, retry in 2s");
         assert_eq!(header(&reply.headers, "content-type"), Some("text/plain"));
         assert_eq!(header(&reply.headers, "x-quota"), Some("5"));
+    }
+
+    #[test]
+    fn a_calendar_rule_announces_its_window_and_its_end() {
+        use crate::wire::{CalendarUnit, CalendarWindow};
+        let mut monthly = rule("monthly", 1000, false);
+        monthly.algorithm = Algorithm::FixedWindow;
+        monthly.rate.period = crate::wire::Period::try_from(CalendarUnit::Month.longest_ms()).unwrap();
+        monthly.calendar = Some(CalendarWindow {
+            unit: CalendarUnit::Month,
+            offset_minutes: 0,
+        });
+        // NOW_MS is 2023-11-14 22:13:20.250 UTC: November has 30 days, and the next
+        // window starts on 2023-12-01 00:00 UTC, 1_701_388_800 s.
+        let until_december_ms = 1_701_388_800_000 - NOW_MS;
+        let Outcome::Reply(reply) = run(
+            std::slice::from_ref(&monthly),
+            vec![result(false, 1000, 0, until_december_ms, until_december_ms)],
+            HeaderStyle::Both,
+        ) else {
+            panic!("expected a reply")
+        };
+        assert_eq!(
+            header(&reply.headers, POLICY_HEADER),
+            Some(r#""monthly";q=1000;w=2592000"#)
+        );
+        assert_eq!(
+            header(&reply.headers, RATELIMIT_HEADER),
+            Some(r#""monthly";r=0;t=1388800"#)
+        );
+        assert_eq!(header(&reply.headers, RETRY_AFTER_HEADER), Some("1388800"));
+        assert_eq!(header(&reply.headers, "x-ratelimit-reset"), Some("1701388800"));
+        let body: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+        assert_eq!(
+            body["detail"],
+            "Rate limit 'monthly' exceeded: 1000 per month (UTC+00:00). Retry in 1388800 s."
+        );
+        assert_eq!(body["calendar"], "month");
+        assert_eq!(body["utc_offset"], "+00:00");
+        assert!(body.get("period_ms").is_none(), "{body}");
+        // In February of a leap year the window is 29 days.
+        let checks = [check_for(&monthly)];
+        let allowed = [result(true, 1000, 999, 1_000, 0)];
+        let february_2024_ms = 1_708_000_000_000;
+        let Outcome::Allow { headers } = decide(
+            &judged(std::slice::from_ref(&monthly), &checks, &allowed),
+            february_2024_ms,
+            &settings(HeaderStyle::IetfDraft),
+        ) else {
+            panic!("expected allow")
+        };
+        assert_eq!(
+            header(&headers, POLICY_HEADER),
+            Some(r#""monthly";q=1000;w=2505600"#)
+        );
     }
 
     #[test]

@@ -206,6 +206,7 @@ mod tests {
                 charged,
                 actual: charged,
                 stamp: 0,
+                calendar: None,
             },
         }
     }

@@ -57,6 +57,7 @@ pub fn slot_release(check: &Check, result: &CheckResult) -> Option<TokenReturn> 
         period_ms: check.period_ms,
         amount: result.granted,
         stamp: result.stamp,
+        calendar: None,
     })
 }
 
@@ -99,6 +100,7 @@ mod tests {
             cost: 1,
             shadow: false,
             lease: 0,
+            calendar: None,
         }
     }
 
@@ -137,6 +139,7 @@ mod tests {
                     period_ms: 60_000,
                     amount: 1,
                     stamp: 1_700_000_000_000_001,
+                    calendar: None,
                 },
             }],
             "only the concurrency slot taken is held"

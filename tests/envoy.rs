@@ -125,7 +125,7 @@ fn shipped_envoy_yaml_passes_envoy_validation() {
     wasm_path();
     let (ok, output) = envoy_validate(&repo_root().join("envoy.yaml"));
     assert!(ok, "{output}");
-    assert!(output.contains("configured with 4 rule(s)"), "{output}");
+    assert!(output.contains("configured with 6 rule(s)"), "{output}");
 }
 
 #[test]

@@ -11,12 +11,13 @@
 --
 -- KEYS[i]          counter key of check i
 -- ARGV[1]          mode: 'charge' or 'peek'
--- ARGV[6i-4]       algorithm of check i (token_bucket, fixed_window, ...)
--- ARGV[6i-3]       limit (tokens)
--- ARGV[6i-2]       period (milliseconds)
--- ARGV[6i-1]       cost (tokens)
--- ARGV[6i]         lease (tokens; 0 for none)
--- ARGV[6i+1]       shadow: 1 or 0
+-- ARGV[7i-5]       algorithm of check i (token_bucket, fixed_window, ...)
+-- ARGV[7i-4]       limit (tokens)
+-- ARGV[7i-3]       period (milliseconds)
+-- ARGV[7i-2]       cost (tokens)
+-- ARGV[7i-1]       lease (tokens; 0 for none)
+-- ARGV[7i]         shadow: 1 or 0
+-- ARGV[7i+1]       calendar: '<unit>:<offset minutes>' (calendar.lua), '' for none
 -- Reply: one {admits, remaining, reset_ms, retry_after_ms, granted, stamp, lease_ms}
 -- per key, in KEYS order; `admits` is 1 when that check alone would admit the request,
 -- `granted` the tokens charged to it, `stamp` what refund.lua needs to give them back,
@@ -29,11 +30,14 @@ local charging = ARGV[1] == 'charge'
 local checks = {}
 local every_enforcing_check_admits = true
 for i = 1, #KEYS do
-  local base = 6 * (i - 1) + 2
+  local base = 7 * (i - 1) + 2
   local c = parse_check(base)
   c.cost = tonumber(ARGV[base + 3])
   c.lease = tonumber(ARGV[base + 4])
   c.shadow = ARGV[base + 5] == '1'
+  local calendar_error
+  c.calendar, calendar_error = parse_calendar(ARGV[base + 6])
+  if calendar_error then return redis.error_reply(calendar_error) end
   local algorithm = algorithms[c.algorithm]
   if not algorithm then
     return redis.error_reply('unknown algorithm ' .. tostring(c.algorithm))

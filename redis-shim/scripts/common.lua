@@ -1,11 +1,11 @@
 -- common.lua: the prelude of every script the shim runs (the shim concatenates it first,
--- then one file per algorithm, then a driver: check.lua or refund.lua).
+-- then calendar.lua, one file per algorithm, then a driver: check.lua or refund.lua).
 --
 -- Each algorithm file adds one table to `algorithms`, keyed by the wire name of the
 -- algorithm, with the same seven functions; `c` is one check's parameters (limit,
--- period_ms, period in microseconds, cost, lease) and `now` the Redis time in
--- microseconds, read once per script by the driver so every check of a request sees the
--- same instant:
+-- period_ms, period in microseconds, cost, lease, and calendar: see calendar.lua, nil
+-- for none) and `now` the Redis time in microseconds, read once per script by the driver
+-- so every check of a request sees the same instant:
 --   load(key, c, now)                 -> st     reads the key, writes nothing
 --   available(c, st, now)             -> whole tokens the key admits now (>= 0)
 --   charge(key, c, st, amount, now)   -> stamp  takes `amount` tokens, updates st

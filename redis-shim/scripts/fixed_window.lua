@@ -1,9 +1,11 @@
 -- fixed_window.lua: a counter per aligned window.
 --
 -- Contract: at most `limit` tokens per window [k * period, (k + 1) * period) of Redis
--- time (milliseconds since the Unix epoch). Windows are fixed, not sliding: `limit` at
--- the end of one window and `limit` at the start of the next pass, 2 * limit within a
--- moment.
+-- time (milliseconds since the Unix epoch), or, for a check with a calendar
+-- (`c.calendar`, see calendar.lua), per calendar window [start, finish): a day, week or
+-- month at a fixed UTC offset. Windows are fixed, not sliding: `limit` at the end of one
+-- window and `limit` at the start of the next pass, 2 * limit within a moment. reset_ms,
+-- retry_after_ms and the lease window all end exactly at the window's end.
 --
 -- State per key: a hash {w = start of the window counted (ms), n = tokens taken in it},
 -- expiring at the end of that window. A count from an older window reads as 0 even
@@ -13,12 +15,19 @@
 algorithms.fixed_window = {}
 local fixed_window = algorithms.fixed_window
 
-function fixed_window.load(key, c, now)
+-- The window holding `now`: [start, finish) in ms.
+local function fixed_window_bounds(c, now)
+  if c.calendar then return calendar_window(c.calendar, math.floor(now / 1000)) end
   local start = window_start_ms(now, c.period_ms)
+  return start, start + c.period_ms
+end
+
+function fixed_window.load(key, c, now)
+  local start, finish = fixed_window_bounds(c, now)
   local stored = redis.call('HMGET', key, 'w', 'n')
   local used = 0
   if tonumber(stored[1]) == start then used = tonumber(stored[2]) or 0 end
-  return {start = start, used = used}
+  return {start = start, finish = finish, used = used}
 end
 
 function fixed_window.available(c, st, now)
@@ -30,12 +39,12 @@ end
 function fixed_window.charge(key, c, st, amount, now)
   st.used = st.used + amount
   redis.call('HSET', key, 'w', int(st.start), 'n', int(st.used))
-  redis.call('PEXPIREAT', key, int(st.start + c.period_ms))
+  redis.call('PEXPIREAT', key, int(st.finish))
   return st.start
 end
 
 local function until_window_end(c, st, now)
-  return ms_ceil((st.start + c.period_ms) * 1000 - now)
+  return ms_ceil(st.finish * 1000 - now)
 end
 
 function fixed_window.report(c, st, now)

@@ -12,20 +12,24 @@
 -- Not atomic with the charge: between the two, other requests see the first charge.
 --
 -- KEYS[i]          counter key of check i
--- ARGV[5i-4]       algorithm of check i
--- ARGV[5i-3]       limit (tokens)
--- ARGV[5i-2]       period (milliseconds)
--- ARGV[5i-1]       amount to give back (at most the `granted` of check.lua's reply);
+-- ARGV[6i-5]       algorithm of check i
+-- ARGV[6i-4]       limit (tokens)
+-- ARGV[6i-3]       period (milliseconds)
+-- ARGV[6i-2]       amount to give back (at most the `granted` of check.lua's reply);
 --                  negative: the amount to charge
--- ARGV[5i]         stamp (from check.lua's reply)
+-- ARGV[6i-1]       stamp (from check.lua's reply)
+-- ARGV[6i]         calendar: '<unit>:<offset minutes>' (calendar.lua), '' for none
 -- Reply: one {1, remaining, reset_ms, 0, 0, 0, 0} per key, its state after the refund,
 -- shaped like check.lua's reply.
 
 local now = redis_now_us()
 local reply = {}
 for i = 1, #KEYS do
-  local base = 5 * (i - 1) + 1
+  local base = 6 * (i - 1) + 1
   local c = parse_check(base)
+  local calendar_error
+  c.calendar, calendar_error = parse_calendar(ARGV[base + 5])
+  if calendar_error then return redis.error_reply(calendar_error) end
   local algorithm = algorithms[c.algorithm]
   if not algorithm then
     return redis.error_reply('unknown algorithm ' .. tostring(c.algorithm))

@@ -15,6 +15,7 @@ use ratelimit_wasm::config::{FilterConfig, Rule, Scope};
 use ratelimit_wasm::keys::{part_value, KeyPart};
 use ratelimit_wasm::local::DENY_RECHECK_MS;
 use ratelimit_wasm::plan::{plan, tier_for, PlannedCheck};
+use ratelimit_wire::calendar::UtcOffset;
 use ratelimit_wire::{Check, CheckRequest, CheckResult, TOKEN_HEADER};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -279,6 +280,19 @@ fn period(ms: u64) -> String {
     format!("{ms}ms")
 }
 
+/// The window a check counts over: its period, or its calendar (`month(UTC+05:30)`),
+/// whose period is only the unit's longest window.
+fn window(check: &Check) -> String {
+    match check.calendar {
+        Some(calendar) => format!(
+            "{}(UTC{})",
+            calendar.unit.as_str(),
+            UtcOffset(calendar.offset_minutes)
+        ),
+        None => period(check.period_ms),
+    }
+}
+
 /// The notes of a counted rule shown: refused, tier, cost, shadow.
 fn counted_notes(planned: &PlannedCheck, tier: Option<&str>, shown: Option<&CheckResult>) -> String {
     let mut notes = vec![];
@@ -338,7 +352,7 @@ fn render_table(
                     };
                     vec![row.name.clone(), key, outcome, note]
                 } else {
-                    let limit = format!("{}/{}", planned.check.limit, period(planned.check.period_ms));
+                    let limit = format!("{}/{}", planned.check.limit, window(&planned.check));
                     match result {
                         Some(r) => vec![
                             row.name.clone(),
@@ -421,6 +435,7 @@ fn render_json(
                     "algorithm": check.algorithm.as_str(),
                     "limit": check.limit,
                     "period_ms": check.period_ms,
+                    "calendar": check.calendar,
                     "cost": check.cost,
                     "shadow": check.shadow,
                     "tier": row.tier,
@@ -472,6 +487,25 @@ mod tests {
         Wrapper::try_parse_from(["counters", "--config", "unused"].iter().chain(flags))
             .unwrap()
             .args
+    }
+
+    #[test]
+    fn a_calendar_rule_shows_its_calendar_not_its_longest_period() {
+        let config = FilterConfig::from_json(
+            br#"{"shim_cluster": "shim", "rules": [
+                {"name": "monthly", "key": ["client_ip"], "limit": 9, "calendar": "month", "utc_offset": "+05:30"},
+                {"name": "minute", "key": ["client_ip"], "limit": 9, "period": "1m"}]}"#,
+        )
+        .unwrap();
+        let given = given_request(&args(&["--client-ip", "192.0.2.1"]));
+        let windows: Vec<String> = rule_rows(&config, &given, &[])
+            .iter()
+            .filter_map(|row| match &row.state {
+                State::Counted(planned) => Some(window(&planned.check)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(windows, ["month(UTC+05:30)", "1m"]);
     }
 
     #[test]

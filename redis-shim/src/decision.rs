@@ -12,7 +12,7 @@
 
 use crate::scripts::{Charge, Mode, Row};
 use crate::store::{Store, StoreError};
-use ratelimit_wire::{Algorithm, Check, CheckResult, Settlement, TokenReturn};
+use ratelimit_wire::{Algorithm, CalendarWindow, Check, CheckResult, Settlement, TokenReturn};
 
 /// What the shim answers for one request, and what it took to decide it.
 #[derive(Debug)]
@@ -161,27 +161,54 @@ struct Adjustment {
 }
 
 impl Adjustment {
-    fn of(
-        key: &str,
-        algorithm: Algorithm,
-        limit: u64,
-        period_ms: u64,
-        amount: i64,
-        stamp: i64,
-    ) -> Adjustment {
+    /// Tokens a lease left unspent, or a concurrency slot, given back.
+    fn of_return(back: &TokenReturn) -> Adjustment {
         Adjustment {
-            check: Check {
-                key: key.to_string(),
-                algorithm,
-                limit,
-                period_ms,
-                cost: 1,
-                shadow: false,
-                lease: 0,
-            },
-            amount,
-            stamp,
+            check: counter_check(
+                &back.key,
+                back.algorithm,
+                back.limit,
+                back.period_ms,
+                back.calendar,
+            ),
+            amount: i64::try_from(back.amount).unwrap_or(i64::MAX),
+            stamp: back.stamp,
         }
+    }
+
+    /// The difference between a request's real cost and its estimate, charged or given back.
+    fn of_settlement(settled: &Settlement) -> Adjustment {
+        Adjustment {
+            check: counter_check(
+                &settled.key,
+                settled.algorithm,
+                settled.limit,
+                settled.period_ms,
+                settled.calendar,
+            ),
+            amount: -settled.difference(),
+            stamp: settled.stamp,
+        }
+    }
+}
+
+/// The counter a return or a settlement names, as the scripts take it.
+fn counter_check(
+    key: &str,
+    algorithm: Algorithm,
+    limit: u64,
+    period_ms: u64,
+    calendar: Option<CalendarWindow>,
+) -> Check {
+    Check {
+        key: key.to_string(),
+        algorithm,
+        limit,
+        period_ms,
+        cost: 1,
+        shadow: false,
+        lease: 0,
+        calendar,
     }
 }
 
@@ -215,20 +242,7 @@ pub async fn give_back<S: Store>(
     keys: &[String],
     returns: &[TokenReturn],
 ) -> Result<(), StoreError> {
-    let adjustments: Vec<Adjustment> = returns
-        .iter()
-        .map(|back| {
-            let amount = i64::try_from(back.amount).unwrap_or(i64::MAX);
-            Adjustment::of(
-                &back.key,
-                back.algorithm,
-                back.limit,
-                back.period_ms,
-                amount,
-                back.stamp,
-            )
-        })
-        .collect();
+    let adjustments: Vec<Adjustment> = returns.iter().map(Adjustment::of_return).collect();
     adjust(store, keys, &adjustments).await
 }
 
@@ -240,20 +254,7 @@ pub async fn settle<S: Store>(
     keys: &[String],
     settlements: &[Settlement],
 ) -> Result<(), StoreError> {
-    let adjustments: Vec<Adjustment> = settlements
-        .iter()
-        .map(|settled| {
-            let amount = -settled.difference();
-            Adjustment::of(
-                &settled.key,
-                settled.algorithm,
-                settled.limit,
-                settled.period_ms,
-                amount,
-                settled.stamp,
-            )
-        })
-        .collect();
+    let adjustments: Vec<Adjustment> = settlements.iter().map(Adjustment::of_settlement).collect();
     adjust(store, keys, &adjustments).await
 }
 
@@ -486,6 +487,7 @@ mod tests {
             cost: 1,
             shadow: false,
             lease: 0,
+            calendar: None,
         }
     }
 

@@ -2,7 +2,8 @@
 //! replies.
 //!
 //! One file per algorithm under `scripts/`, each headed by its contract and state per
-//! key, plus two drivers: `check.lua` (every check of a request, all or nothing) and
+//! key, `calendar.lua` (windows aligned to the calendar, for fixed windows), plus two
+//! drivers: `check.lua` (every check of a request, all or nothing) and
 //! `refund.lua` (gives back a charge when a later cluster slot refused). A script is the
 //! prelude, every algorithm and one driver concatenated, so one EVALSHA runs any mix of
 //! algorithms atomically. `redis::Script` loads it again when Redis answers NOSCRIPT
@@ -15,6 +16,7 @@ macro_rules! with_algorithms {
     ($driver:literal) => {
         concat!(
             include_str!("../scripts/common.lua"),
+            include_str!("../scripts/calendar.lua"),
             include_str!("../scripts/token_bucket.lua"),
             include_str!("../scripts/fixed_window.lua"),
             include_str!("../scripts/sliding_window_log.lua"),
@@ -60,6 +62,14 @@ pub enum Mode {
     Peek,
 }
 
+/// The check's calendar as calendar.lua reads it; empty for none.
+fn calendar_arg(check: &Check) -> String {
+    check
+        .calendar
+        .map(|calendar| calendar.script_arg())
+        .unwrap_or_default()
+}
+
 /// A check.lua invocation over `checks`, whose Redis keys are `keys` (same order).
 pub fn check_invocation<'a>(
     scripts: &'a Scripts,
@@ -80,7 +90,8 @@ pub fn check_invocation<'a>(
             .arg(check.period_ms)
             .arg(check.cost)
             .arg(check.lease)
-            .arg(u8::from(check.shadow));
+            .arg(u8::from(check.shadow))
+            .arg(calendar_arg(check));
     }
     invocation
 }
@@ -108,7 +119,8 @@ pub fn refund_invocation<'a>(scripts: &'a Scripts, charges: &[Charge<'_>]) -> Sc
             .arg(charge.check.limit)
             .arg(charge.check.period_ms)
             .arg(charge.amount)
-            .arg(charge.stamp);
+            .arg(charge.stamp)
+            .arg(calendar_arg(charge.check));
     }
     invocation
 }
@@ -192,6 +204,7 @@ mod tests {
             cost: 1,
             shadow: false,
             lease: 0,
+            calendar: None,
         }
     }
 

@@ -2,7 +2,7 @@
 
 use crate::keys::KeyPart;
 use crate::matching::RequestMatch;
-use crate::wire::{Algorithm, Period, Rate};
+use crate::wire::{Algorithm, CalendarWindow, Period, Rate};
 use serde::Deserialize;
 use std::rc::Rc;
 use std::time::Duration;
@@ -104,8 +104,12 @@ pub struct Rule {
     pub key: Vec<KeyPart>,
     pub matcher: RequestMatch,
     pub algorithm: Algorithm,
-    /// The limit for clients no tier selects.
+    /// The limit for clients no tier selects. With a calendar, its period is the unit's
+    /// longest window.
     pub rate: Rate,
+    /// A fixed window aligned to the calendar (every tier's too), instead of to
+    /// multiples of the period.
+    pub calendar: Option<CalendarWindow>,
     /// The name of its counters at that rate ([`counter_name`](crate::keys::counter_name)).
     pub counter: String,
     /// Client-dependent limits; the first tier whose condition holds wins.
@@ -220,6 +224,7 @@ impl Rule {
                 limit: crate::wire::Limit::try_from(5u64).unwrap(),
                 period: Period::try_from(60_000u64).unwrap(),
             },
+            calendar: None,
             counter: crate::keys::counter_name(name, Algorithm::TokenBucket, 60_000),
             tiers: vec![],
             cost: 1,

@@ -4,7 +4,7 @@
 use super::model::{FailureMode, HeaderStyle, Scope};
 use crate::keys::KeyPart;
 use crate::matching::RawMatch;
-use crate::wire::Algorithm;
+use crate::wire::{Algorithm, CalendarUnit};
 use serde::Deserialize;
 
 const DEFAULT_SHIM_CALLS_IN_FLIGHT: u32 = 4;
@@ -77,12 +77,18 @@ pub(super) struct RawRule {
     pub(super) key: Vec<KeyPart>,
     #[serde(default, rename = "match")]
     pub(super) matcher: RawMatch,
+    /// None: a token bucket, or with `calendar` a fixed window.
     #[serde(default)]
-    pub(super) algorithm: Algorithm,
+    pub(super) algorithm: Option<Algorithm>,
     pub(super) limit: i64,
-    /// Required, except for a concurrency rule, which takes `max_duration` instead.
+    /// Either `period` or `calendar` (with an optional `utc_offset`); a concurrency rule
+    /// takes `max_duration` instead.
     #[serde(default)]
     pub(super) period: Option<String>,
+    #[serde(default)]
+    pub(super) calendar: Option<CalendarUnit>,
+    #[serde(default)]
+    pub(super) utc_offset: Option<String>,
     /// How long a concurrency slot whose release was lost stays taken.
     #[serde(default)]
     pub(super) max_duration: Option<String>,

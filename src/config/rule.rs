@@ -1,6 +1,7 @@
-//! Compiling one rule: its name, key, match, rate, tiers, costs, local bucket, lease and
-//! failure mode, each checked against the others (a cost must fit every limit the rule
-//! can apply, a lease must hold the largest cost).
+//! Compiling one rule: its name, key, match, window (a period, or a calendar), rate,
+//! tiers, costs, local bucket, lease and failure mode, each checked against the others (a
+//! cost must fit every limit the rule can apply, a lease must hold the largest cost, a
+//! calendar quota is a global fixed window).
 
 use super::model::{
     CostSource, FailureMode, Lease, Rule, RuleFailureMode, Scope, Tier, TierCondition, ValueTest,
@@ -10,9 +11,10 @@ use super::raw::{
     RawCost, RawCostFromResponse, RawLease, RawLocalLimit, RawRule, RawRuleFailureMode, RawTier,
 };
 use super::{parse_duration, ConfigError};
-use crate::keys::{counter_name, KeyPart};
+use crate::keys::{calendar_counter_name, counter_name, KeyPart};
 use crate::matching::{RawMatch, RequestMatch};
-use crate::wire::{Algorithm, Limit, Period, Rate};
+use crate::wire::calendar::UtcOffset;
+use crate::wire::{Algorithm, CalendarUnit, CalendarWindow, Limit, Period, Rate};
 use std::time::Duration;
 
 /// Longest rule name; names are part of every counter key.
@@ -51,6 +53,100 @@ fn compile_period(field: String, period: &str) -> Result<Period, ConfigError> {
 fn compile_match(field: &str, raw: RawMatch) -> Result<RequestMatch, ConfigError> {
     raw.compile()
         .map_err(|(inner, reason)| ConfigError::new(format!("{field}.{inner}"), reason))
+}
+
+/// How a rule's windows are laid out: an algorithm over a `period`, or a fixed window
+/// aligned to a `calendar` (whose period is the unit's longest window).
+struct Window {
+    algorithm: Algorithm,
+    period: Period,
+    calendar: Option<CalendarWindow>,
+}
+
+fn compile_window(
+    at: &str,
+    algorithm: Option<Algorithm>,
+    period: Option<&str>,
+    max_duration: Option<&str>,
+    calendar: Option<CalendarUnit>,
+    utc_offset: Option<&str>,
+) -> Result<Window, ConfigError> {
+    let field = |name: &str| format!("{at}.{name}");
+    if algorithm == Some(Algorithm::Concurrency) || max_duration.is_some() {
+        if calendar.is_some() || utc_offset.is_some() {
+            return Err(ConfigError::new(
+                field("calendar"),
+                "a concurrency rule limits requests in flight: it has no window",
+            ));
+        }
+        let algorithm = algorithm.unwrap_or_default();
+        return Ok(Window {
+            algorithm,
+            period: compile_rule_period(at, algorithm, period, max_duration)?,
+            calendar: None,
+        });
+    }
+    match (period, calendar) {
+        (Some(_), Some(_)) => Err(ConfigError::new(
+            field("calendar"),
+            "give either a period or a calendar, not both",
+        )),
+        (None, None) => Err(ConfigError::new(
+            field("period"),
+            "missing: give a period (e.g. \"1m\") or a calendar (\"day\", \"week\", \"month\")",
+        )),
+        (Some(period), None) => {
+            if utc_offset.is_some() {
+                return Err(ConfigError::new(
+                    field("utc_offset"),
+                    "only applies with a calendar",
+                ));
+            }
+            Ok(Window {
+                algorithm: algorithm.unwrap_or_default(),
+                period: compile_period(field("period"), period)?,
+                calendar: None,
+            })
+        }
+        (None, Some(unit)) => {
+            // A calendar quota is a count per day, week or month: a fixed window. Any
+            // other algorithm would silently mean something else.
+            if algorithm.is_some_and(|a| a != Algorithm::FixedWindow) {
+                return Err(ConfigError::new(
+                    field("algorithm"),
+                    "a calendar quota is a fixed window aligned to the calendar: omit the algorithm or give fixed_window",
+                ));
+            }
+            let offset = utc_offset
+                .map(UtcOffset::parse)
+                .transpose()
+                .map_err(|reason| ConfigError::new(field("utc_offset"), reason))?
+                .unwrap_or(UtcOffset(0));
+            let period = Period::try_from(unit.longest_ms())
+                .map_err(|bounds| ConfigError::new(field("calendar"), bounds.0))?;
+            Ok(Window {
+                algorithm: Algorithm::FixedWindow,
+                period,
+                calendar: Some(CalendarWindow {
+                    unit,
+                    offset_minutes: offset.0,
+                }),
+            })
+        }
+    }
+}
+
+/// The name of counters at `period`, or of the calendar's when there is one.
+fn window_counter_name(
+    rule_name: &str,
+    algorithm: Algorithm,
+    period: Period,
+    calendar: Option<CalendarWindow>,
+) -> String {
+    match calendar {
+        Some(calendar) => calendar_counter_name(rule_name, calendar),
+        None => counter_name(rule_name, algorithm, period.as_ms()),
+    }
 }
 
 /// A local bucket (in front of the shim, or as a failure fallback) that the largest
@@ -349,7 +445,7 @@ impl RawRule {
         if self.key.is_empty() {
             return Err(ConfigError::new(field("key"), "must name at least one key part"));
         }
-        let concurrency = self.algorithm == Algorithm::Concurrency;
+        let concurrency = self.algorithm == Some(Algorithm::Concurrency);
         if concurrency {
             check_concurrency_rule(at, &self)?;
         }
@@ -363,14 +459,21 @@ impl RawRule {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let matcher = compile_match(&field("match"), self.matcher)?;
+        let Window {
+            algorithm,
+            period,
+            calendar,
+        } = compile_window(
+            at,
+            self.algorithm,
+            self.period.as_deref(),
+            self.max_duration.as_deref(),
+            self.calendar,
+            self.utc_offset.as_deref(),
+        )?;
         let rate = Rate {
-            limit: compile_limit(field("limit"), self.limit, self.algorithm)?,
-            period: compile_rule_period(
-                at,
-                self.algorithm,
-                self.period.as_deref(),
-                self.max_duration.as_deref(),
-            )?,
+            limit: compile_limit(field("limit"), self.limit, algorithm)?,
+            period,
         };
         // A concurrency policy announces no window `w`.
         check_whole_seconds(field("period"), rate.period, whole_seconds && !concurrency)?;
@@ -380,7 +483,7 @@ impl RawRule {
             .enumerate()
             .map(|(i, raw)| {
                 let at = format!("{at}.tiers[{i}]");
-                let tier = raw.compile(&at, &self.name, self.algorithm, rate.period)?;
+                let tier = raw.compile(&at, &self.name, algorithm, rate.period, calendar)?;
                 check_whole_seconds(
                     format!("{at}.period"),
                     tier.rate.period,
@@ -392,14 +495,19 @@ impl RawRule {
         let smallest_limit = tiers.iter().map(|t| t.rate.limit()).fold(rate.limit(), u64::min);
         let (cost, costs) = compile_costs(at, self.cost, self.costs, smallest_limit)?;
         let largest_cost = costs.iter().map(|c| c.cost).fold(cost, u64::max);
+        if self.scope == Scope::Local && calendar.is_some() {
+            return Err(ConfigError::new(
+                field("scope"),
+                "a local rule is a per-Envoy token bucket that starts afresh with Envoy: a calendar quota is counted by the shim",
+            ));
+        }
         if self.scope == Scope::Local && (self.local.is_some() || self.lease.is_some()) {
             return Err(ConfigError::new(
                 field("scope"),
                 "a local rule is its own local bucket: it takes no `local` nor `lease`",
             ));
         }
-        if self.scope == Scope::Local
-            && !matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::Concurrency)
+        if self.scope == Scope::Local && !matches!(algorithm, Algorithm::TokenBucket | Algorithm::Concurrency)
         {
             return Err(ConfigError::new(
                 field("algorithm"),
@@ -423,15 +531,16 @@ impl RawRule {
         )?;
         let cost_from_response = self
             .cost_from_response
-            .map(|raw| compile_cost_from_response(at, raw, self.algorithm, self.scope, lease.is_some()))
+            .map(|raw| compile_cost_from_response(at, raw, algorithm, self.scope, lease.is_some()))
             .transpose()?;
         Ok(Rule {
-            counter: counter_name(&self.name, self.algorithm, rate.period_ms()),
+            counter: window_counter_name(&self.name, algorithm, rate.period, calendar),
             name: self.name,
             key,
             matcher,
-            algorithm: self.algorithm,
+            algorithm,
             rate,
+            calendar,
             tiers,
             cost,
             costs,
@@ -452,6 +561,7 @@ impl RawTier {
         rule_name: &str,
         algorithm: Algorithm,
         rule_period: Period,
+        calendar: Option<CalendarWindow>,
     ) -> Result<Tier, ConfigError> {
         check_name(format!("{at}.name"), &self.name)?;
         let when = self.when;
@@ -478,6 +588,12 @@ impl RawTier {
                 ))
             }
         };
+        if calendar.is_some() && self.period.is_some() {
+            return Err(ConfigError::new(
+                format!("{at}.period"),
+                "a tier of a calendar rule keeps the rule's calendar",
+            ));
+        }
         let period = match &self.period {
             Some(period) => compile_period(format!("{at}.period"), period)?,
             None => rule_period,
@@ -497,7 +613,7 @@ impl RawTier {
         Ok(Tier {
             name: self.name,
             when: TierCondition { source, test },
-            counter: counter_name(rule_name, algorithm, period.as_ms()),
+            counter: window_counter_name(rule_name, algorithm, period, calendar),
             rate: Rate {
                 limit: compile_limit(format!("{at}.limit"), self.limit, algorithm)?,
                 period,

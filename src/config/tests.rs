@@ -418,3 +418,110 @@ fn a_concurrency_rule_takes_a_limit_and_a_max_duration_instead_of_a_period() {
     // A cost of 1, said explicitly, is what a slot is.
     assert!(FilterConfig::from_json(conc(r#", "cost": 1"#).as_bytes()).is_ok());
 }
+
+#[test]
+fn calendar_rules_are_fixed_windows_aligned_to_the_calendar() {
+    use crate::wire::{CalendarUnit, CalendarWindow};
+    let config = FilterConfig::from_json(
+        with_rule(
+            r#"{"name": "quota", "key": [{"header": "x-api-key"}], "limit": 10000,
+                "calendar": "month", "utc_offset": "-03:30", "lease": {"size": 10, "ttl": "5s"},
+                "tiers": [{"name": "pro", "when": {"header": "x-plan", "equals": "pro"}, "limit": 50000}]}"#,
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let rule = &config.rules[0];
+    let month = CalendarWindow {
+        unit: CalendarUnit::Month,
+        offset_minutes: -210,
+    };
+    assert_eq!(rule.algorithm, Algorithm::FixedWindow);
+    assert_eq!(rule.calendar, Some(month));
+    assert_eq!(rule.rate.period_ms(), 31 * 86_400_000);
+    assert_eq!(rule.counter, "quota/fw-month-0330");
+    assert_eq!(rule.tiers[0].rate.limit(), 50_000);
+    assert_eq!(rule.tiers[0].counter, "quota/fw-month-0330");
+    assert_eq!(rule.lease.map(|l| l.size), Some(10));
+    // The offset defaults to UTC; fixed_window may be said explicitly.
+    let daily = FilterConfig::from_json(
+        with_rule(r#"{"name": "d", "key": ["client_ip"], "limit": 5, "calendar": "day", "algorithm": "fixed_window"}"#)
+            .as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(
+        daily.rules[0].calendar,
+        Some(CalendarWindow {
+            unit: CalendarUnit::Day,
+            offset_minutes: 0
+        })
+    );
+    // A period rule is unchanged: no calendar, a token bucket by default.
+    let period = FilterConfig::from_json(
+        with_rule(r#"{"name": "p", "key": ["client_ip"], "limit": 5, "period": "1m"}"#).as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(period.rules[0].calendar, None);
+    assert_eq!(period.rules[0].algorithm, Algorithm::TokenBucket);
+}
+
+#[test]
+fn each_bad_calendar_names_its_field() {
+    let rule = |extra: &str| {
+        with_rule(&format!(
+            r#"{{"name": "r", "key": ["client_ip"], "limit": 5, {extra}}}"#
+        ))
+    };
+    let tier =
+        r#""tiers": [{"name": "t", "when": {"header": "x", "equals": "y"}, "limit": 9, "period": "1d"}]"#;
+    let cases = [
+        (rule(r#""calendar": "day", "period": "1d""#), "rules[0].calendar"),
+        (rule(r#""cost": 1"#), "rules[0].period"),
+        (rule(r#""calendar": "year""#), "rules[0].calendar"),
+        (
+            rule(r#""calendar": "day", "utc_offset": "+5:30""#),
+            "rules[0].utc_offset",
+        ),
+        (
+            rule(r#""calendar": "day", "utc_offset": "+05:60""#),
+            "rules[0].utc_offset",
+        ),
+        (
+            rule(r#""calendar": "day", "utc_offset": "+14:30""#),
+            "rules[0].utc_offset",
+        ),
+        (
+            rule(r#""calendar": "day", "utc_offset": "-13:00""#),
+            "rules[0].utc_offset",
+        ),
+        (
+            rule(r#""calendar": "day", "utc_offset": 330"#),
+            "rules[0].utc_offset",
+        ),
+        (
+            rule(r#""period": "1d", "utc_offset": "+01:00""#),
+            "rules[0].utc_offset",
+        ),
+        (
+            rule(r#""calendar": "week", "algorithm": "token_bucket""#),
+            "rules[0].algorithm",
+        ),
+        (
+            rule(r#""calendar": "week", "algorithm": "sliding_window_counter""#),
+            "rules[0].algorithm",
+        ),
+        (
+            rule(&format!(r#""calendar": "month", {tier}"#)),
+            "rules[0].tiers[0].period",
+        ),
+        (rule(r#""calendar": "day", "scope": "local""#), "rules[0].scope"),
+        (
+            rule(r#""calendar": "day", "lease": {"size": 6, "ttl": "1s"}"#),
+            "rules[0].lease.size",
+        ),
+    ];
+    for (json, field) in cases {
+        let err = error_for(&json);
+        assert_eq!(err.field, field, "{json}: got {err}");
+    }
+}

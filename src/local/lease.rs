@@ -5,7 +5,7 @@
 
 use super::{fingerprint, LocalLayer, SlotStore};
 use crate::plan::PlannedCheck;
-use crate::wire::{Check, CheckResult, TokenReturn};
+use crate::wire::{Algorithm, Check, CheckResult, TokenReturn};
 
 /// A lease acquisition this request holds for the Envoy: the counter, and the time its
 /// claim runs out (which also tells it from a later claim of the same worker).
@@ -34,6 +34,7 @@ impl HeldLease {
             period_ms: self.counter.period_ms,
             amount,
             stamp,
+            calendar: self.counter.calendar,
         }
     }
 }
@@ -98,7 +99,12 @@ impl<S: SlotStore> LocalLayer<'_, S> {
         let deny_for_ms = if !result.allowed {
             result.retry_after_ms
         } else if allowed && result.remaining < cost {
-            let refill_ms = (item.rate.ms_per_token() * cost as f64).ceil() as u64;
+            // A fixed window (a calendar month, say) gives nothing back before it ends:
+            // an even refill over its period would announce a retry far too early.
+            let refill_ms = match item.check.algorithm {
+                Algorithm::FixedWindow => result.reset_ms,
+                _ => (item.rate.ms_per_token() * cost as f64).ceil() as u64,
+            };
             refill_ms.min(result.reset_ms)
         } else {
             0

@@ -313,6 +313,29 @@ fn an_admission_that_took_the_last_token_refuses_the_next_requests_until_one_ref
 }
 
 #[test]
+fn the_last_token_of_a_calendar_month_refuses_until_the_month_ends() {
+    let rule = r#"{"name": "m", "key": [{"header": "x-api-key"}], "limit": 2, "calendar": "month"}"#;
+    let config = config(rule, "");
+    let store = MapStore::with_slots(&config);
+    let local = layer(&config, &store);
+    let planned = plan(&config, &request("monthly"));
+    // Twenty days left in the month: not the 15.5 days of its period over its limit.
+    let twenty_days_ms = 20 * 86_400_000;
+    let last_token = CheckResult {
+        remaining: 0,
+        reset_ms: twenty_days_ms,
+        ..shim_result(true, 1, 0)
+    };
+    let mut pass = local.before_shim(&planned, 1_000);
+    local
+        .merge_answer(&planned, &mut pass, &[last_token], 1_000)
+        .unwrap();
+    let cached = local.before_shim(&planned, 1_004);
+    assert!(cached.refused);
+    assert_eq!(known(&cached, 0).retry_after_ms, twenty_days_ms - 4);
+}
+
+#[test]
 fn an_answer_that_does_not_match_the_checks_asked_changes_nothing() {
     let rule = r#"{"name": "g", "key": [{"header": "x-api-key"}], "limit": 100, "period": "1m"}"#;
     let config = config(rule, "");

@@ -24,9 +24,13 @@
 //!   rule's `max_duration` (how long a slot stays taken when its release is lost), its
 //!   cost is 1, and the `stamp` of its result names the slot taken, which the filter gives
 //!   back as a [`TokenReturn`] (amount 1) when the request's stream ends.
+//! - A check with a `calendar` is a fixed window aligned to the calendar (see
+//!   [`calendar`]); its `period_ms` is the unit's longest window.
 
+pub mod calendar;
 mod rate;
 
+pub use calendar::{CalendarUnit, CalendarWindow};
 pub use rate::{
     Limit, OutOfBounds, Period, Rate, MAX_CONCURRENCY_LIMIT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD_MS,
 };
@@ -116,6 +120,9 @@ pub struct Check {
     /// Tokens to take at once for a local lease (0: no lease, take `cost`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub lease: u64,
+    /// A fixed window aligned to the calendar instead of to multiples of `period_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<CalendarWindow>,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -165,6 +172,9 @@ pub struct Settlement {
     pub actual: u64,
     #[serde(default, skip_serializing_if = "is_zero_i64")]
     pub stamp: i64,
+    /// The counter's calendar, as in its [`Check`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<CalendarWindow>,
 }
 
 impl Settlement {
@@ -194,6 +204,9 @@ pub struct TokenReturn {
     pub amount: u64,
     #[serde(default, skip_serializing_if = "is_zero_i64")]
     pub stamp: i64,
+    /// The counter's calendar, as in its [`Check`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<CalendarWindow>,
 }
 
 fn is_zero_i64(value: &i64) -> bool {
@@ -255,13 +268,15 @@ impl fmt::Display for InvalidRequest {
 impl std::error::Error for InvalidRequest {}
 
 /// The bounds of a counter a check or a return names (`at` is its place, for the
-/// message): its key, and a limit and period its algorithm can hold.
+/// message): its key, a limit and period its algorithm can hold, and a calendar only on a
+/// fixed window, with an offset in use and the unit's longest window as its period.
 fn check_counter(
     at: &str,
     key: &str,
     algorithm: Algorithm,
     limit: u64,
     period_ms: u64,
+    calendar: Option<CalendarWindow>,
 ) -> Result<(), InvalidRequest> {
     let fail = |msg: String| Err(InvalidRequest(msg));
     if key.is_empty() || key.len() > MAX_KEY_LEN {
@@ -275,6 +290,25 @@ fn check_counter(
     }
     if let Err(bounds) = Period::try_from(period_ms) {
         return fail(format!("{at}.period_ms: {bounds}"));
+    }
+    if let Some(window) = calendar {
+        if algorithm != Algorithm::FixedWindow {
+            return fail(format!("{at}.calendar: only a fixed_window has a calendar"));
+        }
+        if !window.offset_in_bounds() {
+            return fail(format!(
+                "{at}.calendar.offset_minutes: must be between {} and {}",
+                calendar::MIN_OFFSET_MINUTES,
+                calendar::MAX_OFFSET_MINUTES
+            ));
+        }
+        if period_ms != window.unit.longest_ms() {
+            return fail(format!(
+                "{at}.period_ms: a {} calendar's period is {} ms",
+                window.unit.as_str(),
+                window.unit.longest_ms()
+            ));
+        }
     }
     Ok(())
 }
@@ -299,6 +333,7 @@ impl BatchCheckRequest {
                 back.algorithm,
                 back.limit,
                 back.period_ms,
+                back.calendar,
             )?;
             if back.amount == 0 || back.amount > back.limit {
                 return fail(format!("returns[{i}].amount: must be 1..=limit"));
@@ -320,6 +355,7 @@ impl BatchCheckRequest {
                 settled.algorithm,
                 settled.limit,
                 settled.period_ms,
+                settled.calendar,
             )?;
             if matches!(
                 settled.algorithm,
@@ -359,6 +395,7 @@ impl CheckRequest {
                 check.algorithm,
                 check.limit,
                 check.period_ms,
+                check.calendar,
             )?;
             if !seen.insert(check.key.as_str()) {
                 return fail(format!("checks[{i}].key: duplicate key in one request"));
@@ -395,6 +432,7 @@ mod tests {
             cost: 1,
             shadow: false,
             lease: 0,
+            calendar: None,
         }
     }
 
@@ -448,6 +486,7 @@ mod tests {
             period_ms: 1_000,
             amount,
             stamp: 1_000,
+            calendar: None,
         };
         let returns_only = BatchCheckRequest {
             requests: vec![],
@@ -473,6 +512,7 @@ mod tests {
             charged,
             actual,
             stamp: 0,
+            calendar: None,
         };
         assert_eq!(settled(3, 8).difference(), 5);
         assert_eq!(settled(3, 1).difference(), -2);
@@ -609,12 +649,31 @@ mod tests {
             (
                 CheckRequest {
                     checks: vec![Check {
+                        calendar: Some(month(0)),
+                        ..check("a")
+                    }],
+                },
+                "checks[0].calendar: only a fixed_window",
+            ),
+            (
+                CheckRequest {
+                    checks: vec![Check {
                         algorithm: Algorithm::Concurrency,
                         lease: 3,
                         ..check("a")
                     }],
                 },
                 "concurrency check takes one slot",
+            ),
+            (
+                CheckRequest {
+                    checks: vec![Check {
+                        algorithm: Algorithm::FixedWindow,
+                        calendar: Some(month(0)),
+                        ..check("a")
+                    }],
+                },
+                "checks[0].period_ms",
             ),
             (
                 CheckRequest {
@@ -626,15 +685,54 @@ mod tests {
                 },
                 "checks[0].limit",
             ),
+            (
+                CheckRequest {
+                    checks: vec![Check {
+                        calendar: Some(month(15 * 60)),
+                        ..calendar_check("a")
+                    }],
+                },
+                "checks[0].calendar.offset_minutes",
+            ),
         ];
         for (request, expected) in cases {
             let err = request.validate().unwrap_err();
             assert!(err.0.contains(expected), "{err} should mention {expected}");
         }
         assert!(CheckRequest {
-            checks: vec![check("a"), check("b")]
+            checks: vec![check("a"), check("b"), calendar_check("c")]
         }
         .validate()
         .is_ok());
+    }
+
+    fn month(offset_minutes: i32) -> CalendarWindow {
+        CalendarWindow {
+            unit: CalendarUnit::Month,
+            offset_minutes,
+        }
+    }
+
+    fn calendar_check(key: &str) -> Check {
+        Check {
+            algorithm: Algorithm::FixedWindow,
+            period_ms: CalendarUnit::Month.longest_ms(),
+            calendar: Some(month(-210)),
+            ..check(key)
+        }
+    }
+
+    #[test]
+    fn a_calendar_travels_as_its_unit_and_offset() {
+        let json = serde_json::to_string(&calendar_check("k")).unwrap();
+        assert!(
+            json.contains(r#""calendar":{"unit":"month","offset_minutes":-210}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<Check>(&json).unwrap(), calendar_check("k"));
+        // Without one, nothing is sent: older shims keep understanding the checks.
+        assert!(!serde_json::to_string(&check("k")).unwrap().contains("calendar"));
+        let unknown_unit = r#"{"key":"k","limit":5,"period_ms":1,"calendar":{"unit":"year"}}"#;
+        assert!(serde_json::from_str::<Check>(unknown_unit).is_err());
     }
 }
