@@ -57,7 +57,7 @@ for _ in $(seq 1 100); do
     sleep 0.05
 done
 row "GET /slow #3" -H "x-api-key: $slow_key" "$url/slow"
-printf '%s\n' "$last_headers" | tr -d '\r' | grep -i '^ratelimit-policy' | sed 's/^/    /'
+printf '%s\n' "$last_headers" | tr -d '\r' | awk 'tolower($0) ~ /^ratelimit-policy:/ { print "    " $0 }'
 wait "$first" "$second"
 echo "    (#1 and #2 ended: their slots are free again)"
 row "GET /slow #4" -H "x-api-key: $slow_key" "$url/slow"
