@@ -175,7 +175,7 @@ fn a_calendar_check_ends_its_window_and_its_leases_at_the_month_end() {
     let expire_at_ms: u64 = redis.cli(&["PEXPIRETIME", "rl:m"]).parse().unwrap();
     assert_eq!(expire_at_ms, month_end_ms);
     // Three of the four leased tokens come back through refund.lua.
-    let stamp = result["lease_stamp"].as_i64().unwrap();
+    let stamp = result["stamp"].as_i64().unwrap();
     let back = json!({ "requests": [], "returns": [{ "key": "m", "algorithm": "fixed_window",
         "limit": 10, "period_ms": CalendarUnit::Month.longest_ms(), "amount": 3, "stamp": stamp,
         "calendar": { "unit": "month", "offset_minutes": -210 } }] });
