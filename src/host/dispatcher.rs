@@ -104,18 +104,29 @@ impl Dispatcher {
         !self.returns.borrow().is_empty() || !self.settlements.borrow().is_empty()
     }
 
-    /// Sends the waiting returns and settlements in a call of their own when no request
-    /// waits to carry them and a call may start.
-    fn send_adjustments_when_idle(&self, worker: &Worker, now: u64) {
+    /// Sends the waiting returns and settlements in a call of their own (a batch's worth)
+    /// when no request waits to carry them and a call may start; true if it did.
+    fn send_adjustments_when_idle(&self, worker: &Worker, now: u64) -> bool {
         let idle = !self.batcher.borrow().has_waiting() && self.batcher.borrow().may_call();
-        if idle && self.has_adjustments() {
-            self.send(
-                worker,
-                Batch {
-                    members: Vec::new(),
-                    timeout_ms: worker.config.shim.timeout_ms(),
-                },
-                now,
+        if !idle || !self.has_adjustments() {
+            return false;
+        }
+        let adjustments_only = Batch {
+            members: Vec::new(),
+            timeout_ms: worker.config.shim.timeout_ms(),
+        };
+        self.send(worker, adjustments_only, now);
+        true
+    }
+
+    /// Wakes the root through the shared queue, to send what waits.
+    fn wake_root(&self) {
+        if let Err(error) = enqueue_shared_queue(self.wake_queue, b"1") {
+            // The root's tick sends it (or fails it past its deadline) instead.
+            self.batcher.borrow_mut().woken();
+            log(
+                LogLevel::Warn,
+                &format!("cannot wake the worker's dispatcher: {error}"),
             );
         }
     }
@@ -130,14 +141,7 @@ impl Dispatcher {
         }
         let wake = self.batcher.borrow_mut().wake_for_returns();
         if wake {
-            if let Err(error) = enqueue_shared_queue(self.wake_queue, b"1") {
-                // The root's tick sends them instead.
-                self.batcher.borrow_mut().woken();
-                log(
-                    LogLevel::Warn,
-                    &format!("cannot wake the worker's dispatcher: {error}"),
-                );
-            }
+            self.wake_root();
         }
     }
 
@@ -257,14 +261,7 @@ impl Dispatcher {
     fn submit(&self, request: QueuedRequest, deadline_ms: u64) {
         let wake = self.batcher.borrow_mut().push(request, deadline_ms);
         if wake {
-            if let Err(error) = enqueue_shared_queue(self.wake_queue, b"1") {
-                // The root's tick sends it (or fails it past its deadline) instead.
-                self.batcher.borrow_mut().woken();
-                log(
-                    LogLevel::Warn,
-                    &format!("cannot wake the worker's dispatcher: {error}"),
-                );
-            }
+            self.wake_root();
         }
     }
 
@@ -327,15 +324,9 @@ impl Dispatcher {
                 if expired || !next.dropped.is_empty() {
                     continue;
                 }
-                // No request to carry the returns and settlements: they go alone (each
-                // call takes a batch's worth), so a released slot is free again within a
-                // round trip.
-                if self.has_adjustments() && self.batcher.borrow().may_call() {
-                    let returns_only = Batch {
-                        members: Vec::new(),
-                        timeout_ms: worker.config.shim.timeout_ms(),
-                    };
-                    self.send(worker, returns_only, now);
+                // No request to carry the returns and settlements: they go alone, so a
+                // released slot is free again within a round trip.
+                if self.send_adjustments_when_idle(worker, now) {
                     continue;
                 }
                 return;
