@@ -52,8 +52,8 @@ impl RequestAttributes for HostRequest<'_> {
 impl Context for RateLimitRequest {
     /// The stream is over, whatever ended it (response complete, upstream reset,
     /// timeout, client abort, a later filter's reply): the request gives back what it
-    /// holds. `on_log` does the same, whichever comes first: the second finds nothing
-    /// left.
+    /// holds and settles what its response reported it cost. `on_log` does the same,
+    /// whichever comes first: the second finds nothing left.
     fn on_done(&mut self) -> bool {
         self.request.end_stream(&self.worker);
         true
