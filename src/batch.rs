@@ -25,6 +25,8 @@ pub struct Call<T> {
     pub members: Vec<T>,
     /// When it was sent, in µs: the shim_call_us histogram.
     pub sent_at_us: u64,
+    /// The returns and settlements it carries, lost if it fails.
+    pub adjustments: usize,
 }
 
 /// What [`Batcher::next`] hands the dispatcher.
@@ -177,6 +179,7 @@ mod tests {
         Call {
             members,
             sent_at_us: 0,
+            adjustments: 0,
         }
     }
 

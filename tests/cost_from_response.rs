@@ -3,7 +3,8 @@
 //! charges the estimate; when the response ends, the counter is settled at the reported
 //! cost, read from a header, a trailer or a JSON body: more charged (into debt, refused
 //! with a truthful Retry-After), or the rest given back. A response reporting nothing
-//! leaves the estimate, counted; a client that goes away mid-response is still settled.
+//! leaves the estimate, counted; a client that goes away mid-response is still settled;
+//! a settlement lost with its call (the shim gone) is counted.
 
 mod support;
 
@@ -252,4 +253,33 @@ fn a_client_that_goes_away_mid_response_is_still_settled() {
     drop(agent);
     stack.wait_settled("by-header", |taken_ms| taken_ms > 40_000);
     assert_eq!(stack.stat("by-header", "cost_settled"), 1);
+}
+
+#[test]
+fn a_settlement_lost_with_its_call_is_counted() {
+    let redis = Redis::start();
+    let mut shim = Shim::start(&redis.url(), &[]);
+    let upstream = LlmUpstream::start();
+    let envoy = Envoy::start_bootstrap(&bootstrap(shim.port, upstream.port));
+    let agent = agent();
+    let response = agent
+        .get(&envoy.url("/header"))
+        .set("x-api-key", "lost")
+        .set("x-report", "stall")
+        .set("x-tokens", "800")
+        .call()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    // The shim goes away while the response streams: the settlement has nowhere to go.
+    shim.kill();
+    drop(response);
+    drop(agent);
+    wait_until("the lost settlement counted", SETTLED_WITHIN, || {
+        envoy.stat("wasmcustom.ratelimit.adjustments_lost") >= 1
+    });
+    assert_eq!(envoy.stat("wasmcustom.ratelimit.by-header.cost_settled"), 1);
+    // Redis keeps the estimate: 100 tokens, at most 6 s of the bucket.
+    let keys = redis.cli(&["KEYS", "*by-header/*"]);
+    let taken_ms: u64 = redis.cli(&["PTTL", keys.trim()]).trim().parse().unwrap();
+    assert!(taken_ms <= ESTIMATE * MS_PER_TOKEN, "{taken_ms}");
 }

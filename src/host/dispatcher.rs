@@ -343,6 +343,7 @@ impl Dispatcher {
         let shim = &worker.config.shim;
         let returns = take_up_to_a_batch(&self.returns);
         let settlements = take_up_to_a_batch(&self.settlements);
+        let adjustments = returns.len() + settlements.len();
         let body = batch_body(
             requests
                 .iter_mut()
@@ -378,10 +379,12 @@ impl Dispatcher {
                     Call {
                         members: requests,
                         sent_at_us,
+                        adjustments,
                     },
                 );
             }
             Err(failure) => {
+                worker.stats.adjustments_lost(adjustments);
                 {
                     let contexts = RequestContexts::new(self.root_id);
                     for request in &requests {
@@ -428,6 +431,7 @@ impl Dispatcher {
                     }
                 }
                 Err(failure) => {
+                    worker.stats.adjustments_lost(call.adjustments);
                     for request in &call.members {
                         self.finish(&contexts, worker, request, now, Err(failure.clone()));
                     }
@@ -454,6 +458,9 @@ impl Dispatcher {
         for request in &left {
             self.finish(&contexts, worker, request, now, Err(ShimFailure::ShuttingDown));
         }
+        // No call will carry what waits to go back.
+        let unsent = self.returns.take().len() + self.settlements.take().len();
+        worker.stats.adjustments_lost(unsent);
     }
 
     /// Applies the shim's answer for one request, or the failure of its call, in the

@@ -163,8 +163,12 @@ pub fn define_metric(kind: MetricType, name: &str) -> Result<u32, HostError> {
 }
 
 pub fn increment_metric(id: u32) {
+    increment_metric_by(id, 1);
+}
+
+pub fn increment_metric_by(id: u32, amount: u64) {
     // Stats are best effort: a failed increment must not fail the request.
-    let _ = hostcalls::increment_metric(id, 1);
+    let _ = hostcalls::increment_metric(id, i64::try_from(amount).unwrap_or(i64::MAX));
 }
 
 pub fn record_metric(id: u32, value: u64) {
