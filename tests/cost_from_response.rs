@@ -188,6 +188,20 @@ fn a_cost_below_the_estimate_is_given_back_and_one_above_the_limit_is_debt() {
     assert!(draft.contains(&format!("t={retry_after}")), "{draft}");
     // Another client is not affected.
     assert_eq!(stack.ask("/json", "light", "json", ESTIMATE).status, 200);
+
+    // A report past every bound is charged at most 100 limits beyond the estimate
+    // (wire::MAX_DEBT_LIMITS): 100,100 tokens, 6,006 s of the bucket, not years.
+    let huge = stack.ask("/trailer", "huge", "trailer", 1_000_000_000_000);
+    assert_eq!(huge.status, 200, "{}", huge.body);
+    stack.wait_settled("by-trailer", |taken_ms| taken_ms > 6_000_000);
+    let refused = stack.ask("/trailer", "huge", "trailer", ESTIMATE);
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    let retry_after = refused.number("retry-after");
+    // (100,100 + 100 - 1,000) tokens * 60 ms, less the time since the charge.
+    assert!(
+        (5_900..=5_952).contains(&retry_after),
+        "Retry-After {retry_after}"
+    );
 }
 
 #[test]
