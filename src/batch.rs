@@ -78,12 +78,12 @@ impl<T> Batcher<T> {
     /// flight sends it.
     pub fn push(&mut self, member: T, deadline_ms: u64) -> bool {
         self.queue.push_back(Waiting { member, deadline_ms });
-        self.wake_for_returns()
+        self.wake_for_adjustments()
     }
 
-    /// Something other than a request (tokens given back) waits for a call. True when
+    /// Something other than a request (tokens given back, costs settled) waits for a call. True when
     /// the caller must wake the dispatcher, as for [`Batcher::push`].
-    pub fn wake_for_returns(&mut self) -> bool {
+    pub fn wake_for_adjustments(&mut self) -> bool {
         let wake = !self.wake_pending && self.calls.len() < self.max_in_flight;
         self.wake_pending |= wake;
         wake

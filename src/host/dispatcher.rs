@@ -139,14 +139,13 @@ impl Dispatcher {
         if !self.has_adjustments() {
             return;
         }
-        let wake = self.batcher.borrow_mut().wake_for_returns();
+        let wake = self.batcher.borrow_mut().wake_for_adjustments();
         if wake {
             self.wake_root();
         }
     }
 
-    /// Takes what expired leases left, and sends it back at once when no call is due to
-    /// carry it.
+    /// Takes what expired leases left, queued to go back (see `on_tick`).
     fn return_expired_leases(&self, worker: &Worker, now: u64) {
         let expired: Vec<HeldLease> = {
             let mut held = self.held_leases.borrow_mut();
@@ -163,7 +162,6 @@ impl Dispatcher {
                 self.give_back(back);
             }
         }
-        self.send_adjustments_when_idle(worker, now);
     }
 
     /// Carries out where the local layer left a request: decided (applied now), or
@@ -273,11 +271,11 @@ impl Dispatcher {
     }
 
     /// The safety net: requests that wait without a wake-up (none should) are sent or
-    /// failed within about one timeout, and returns left behind go.
+    /// failed within about one timeout, and returns and settlements left behind go.
     pub fn on_tick(&self, worker: &Worker) {
         let now = now_ms();
         self.return_expired_leases(worker, now);
-        if !self.returns.borrow().is_empty() {
+        if self.has_adjustments() {
             self.batcher.borrow_mut().woken();
             self.dispatch_waiting(worker);
         }
