@@ -70,11 +70,9 @@ async fn admitted(
         .map_err(|e| e.to_string())
         .and_then(|request| request.validate().map(|()| request).map_err(|e| e.to_string()))
         .map_err(|e| error(StatusCode::BAD_REQUEST, format!("invalid counters: {e}")))?;
-    let keys = request
-        .checks
-        .iter()
-        .map(|check| format!("{}{}", shim.config.key_prefix, check.key))
-        .collect();
+    let keys = shim
+        .config
+        .redis_keys(request.checks.iter().map(|check| check.key.as_str()));
     Ok((request, keys))
 }
 

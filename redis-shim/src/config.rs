@@ -33,6 +33,13 @@ pub struct ShimConfig {
 }
 
 impl ShimConfig {
+    /// The Redis keys of the counters the filter names `keys`: each under the prefix.
+    pub fn redis_keys<'a>(&self, keys: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+        keys.into_iter()
+            .map(|key| format!("{}{key}", self.key_prefix))
+            .collect()
+    }
+
     /// Refuses a configuration the shim cannot run safely with.
     pub fn validate(&self) -> Result<(), String> {
         let prefix = &self.key_prefix;

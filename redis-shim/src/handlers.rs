@@ -139,21 +139,17 @@ pub async fn check_batch(State(shim): State<Arc<Shim>>, headers: HeaderMap, body
     };
     // Tokens given back and costs settled first, so the requests of this batch see them.
     if !batch.returns.is_empty() {
-        let keys: Vec<String> = batch
-            .returns
-            .iter()
-            .map(|back| format!("{}{}", shim.config.key_prefix, back.key))
-            .collect();
+        let keys = shim
+            .config
+            .redis_keys(batch.returns.iter().map(|back| back.key.as_str()));
         if let Err(error) = decision::give_back(&shim.store, &keys, &batch.returns).await {
             tracing::warn!(%error, keys = ?keys, "returning unspent leased tokens failed");
         }
     }
     if !batch.settlements.is_empty() {
-        let keys: Vec<String> = batch
-            .settlements
-            .iter()
-            .map(|settled| format!("{}{}", shim.config.key_prefix, settled.key))
-            .collect();
+        let keys = shim
+            .config
+            .redis_keys(batch.settlements.iter().map(|settled| settled.key.as_str()));
         if let Err(error) = decision::settle(&shim.store, &keys, &batch.settlements).await {
             tracing::warn!(%error, keys = ?keys, "settling requests at their real cost failed");
         }
@@ -279,11 +275,9 @@ async fn decide_request(shim: &Shim, request: &CheckRequest) -> Result<CheckResp
             invalid.to_string(),
         ));
     }
-    let keys: Vec<String> = request
-        .checks
-        .iter()
-        .map(|check| format!("{}{}", shim.config.key_prefix, check.key))
-        .collect();
+    let keys = shim
+        .config
+        .redis_keys(request.checks.iter().map(|check| check.key.as_str()));
     match decision::decide(&shim.store, &keys, &request.checks).await {
         Ok(decision) => {
             record_decision(&shim.metrics, request, &keys, &decision);
