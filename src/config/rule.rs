@@ -72,17 +72,23 @@ fn compile_window(
     utc_offset: Option<&str>,
 ) -> Result<Window, ConfigError> {
     let field = |name: &str| format!("{at}.{name}");
-    if algorithm == Some(Algorithm::Concurrency) || max_duration.is_some() {
+    let concurrency = algorithm == Some(Algorithm::Concurrency);
+    if !concurrency && max_duration.is_some() {
+        return Err(ConfigError::new(
+            field("max_duration"),
+            "only applies to a concurrency rule",
+        ));
+    }
+    if concurrency {
         if calendar.is_some() || utc_offset.is_some() {
             return Err(ConfigError::new(
                 field("calendar"),
                 "a concurrency rule limits requests in flight: it has no window",
             ));
         }
-        let algorithm = algorithm.unwrap_or_default();
         return Ok(Window {
-            algorithm,
-            period: compile_rule_period(at, algorithm, period, max_duration)?,
+            algorithm: Algorithm::Concurrency,
+            period: compile_max_duration(at, period, max_duration)?,
             calendar: None,
         });
     }
@@ -168,32 +174,22 @@ fn compile_local(field: String, raw: RawLocalLimit, largest_cost: u64) -> Result
 /// How long a concurrency slot stays taken when its release is lost, unless configured.
 pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(60);
 
-/// The rule's period: its window, or for a concurrency rule its `max_duration` (a
-/// concurrency limit has no window: `period` is refused there, and `max_duration`
-/// everywhere else).
-fn compile_rule_period(
+/// A concurrency rule's `max_duration`, which stands where a rate's period would: a
+/// concurrency limit has no window, so `period` is refused.
+fn compile_max_duration(
     at: &str,
-    algorithm: Algorithm,
     period: Option<&str>,
     max_duration: Option<&str>,
 ) -> Result<Period, ConfigError> {
     let field = |name: &str| format!("{at}.{name}");
-    match (algorithm, period, max_duration) {
-        (Algorithm::Concurrency, Some(_), _) => Err(ConfigError::new(
+    match (period, max_duration) {
+        (Some(_), _) => Err(ConfigError::new(
             field("period"),
             "a concurrency rule limits requests in flight, not a rate: it has no period (see max_duration)",
         )),
-        (Algorithm::Concurrency, None, Some(max_duration)) => {
-            compile_period(field("max_duration"), max_duration)
-        }
-        (Algorithm::Concurrency, None, None) => Period::try_from(DEFAULT_MAX_DURATION)
+        (None, Some(max_duration)) => compile_period(field("max_duration"), max_duration),
+        (None, None) => Period::try_from(DEFAULT_MAX_DURATION)
             .map_err(|bounds| ConfigError::new(field("max_duration"), bounds.0)),
-        (_, _, Some(_)) => Err(ConfigError::new(
-            field("max_duration"),
-            "only applies to a concurrency rule",
-        )),
-        (_, Some(period), None) => compile_period(field("period"), period),
-        (_, None, None) => Err(ConfigError::new(field("period"), "required")),
     }
 }
 
