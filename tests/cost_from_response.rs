@@ -1,5 +1,5 @@
 //! `cost_from_response` end to end: real Envoy in front of a real upstream that reports
-//! each request's tokens (tests/support/llm.rs), the real shim and Redis. The admission
+//! each request's tokens (tests/support/upstream.rs, `x-report`), the real shim and Redis. The admission
 //! charges the estimate; when the response ends, the counter is settled at the reported
 //! cost, read from a header, a trailer or a JSON body: more charged (into debt, refused
 //! with a truthful Retry-After), or the rest given back. A response reporting nothing
@@ -65,7 +65,7 @@ fn bootstrap(shim_port: u16, upstream_port: u16) -> Value {
 struct LlmStack {
     redis: Redis,
     _shim: Shim,
-    _upstream: LlmUpstream,
+    _upstream: Upstream,
     envoy: Envoy,
 }
 
@@ -73,7 +73,7 @@ impl LlmStack {
     fn start() -> LlmStack {
         let redis = Redis::start();
         let shim = Shim::start(&redis.url(), &[]);
-        let upstream = LlmUpstream::start();
+        let upstream = Upstream::start();
         let envoy = Envoy::start_bootstrap(&bootstrap(shim.port, upstream.port));
         LlmStack {
             redis,
@@ -273,7 +273,7 @@ fn a_client_that_goes_away_mid_response_is_still_settled() {
 fn a_settlement_lost_with_its_call_is_counted() {
     let redis = Redis::start();
     let mut shim = Shim::start(&redis.url(), &[]);
-    let upstream = LlmUpstream::start();
+    let upstream = Upstream::start();
     let envoy = Envoy::start_bootstrap(&bootstrap(shim.port, upstream.port));
     let agent = agent();
     let response = agent

@@ -11,7 +11,6 @@
 pub mod envoy;
 pub mod fixtures;
 pub mod http;
-pub mod llm;
 pub mod ports;
 pub mod process;
 pub mod redis;
@@ -21,7 +20,6 @@ pub mod upstream;
 pub use envoy::*;
 pub use fixtures::*;
 pub use http::*;
-pub use llm::*;
 pub use ports::*;
 pub use process::*;
 pub use redis::*;

@@ -2,7 +2,11 @@
 //! with the `x-upstream` header: answer at once (no header), `hold` until the test
 //! releases the request's `x-hold` name, `delay-<ms>`, `reset` (half a response, then
 //! the connection closes), `reset-early` (the connection closes before any response),
-//! `never` (no answer until Envoy gives up on it). A thread per
+//! `never` (no answer until Envoy gives up on it). An answer reports what the request
+//! cost, as a language-model API does, when the request's `x-report` says where: `header`
+//! (`x-usage-tokens`), `trailer` (`x-usage-tokens` after a chunked body), `json`
+//! (`usage.total_tokens` in a JSON body) or `stall` (the header, then a body that never
+//! ends until Envoy gives up on it), the count being its `x-tokens`. A thread per
 //! connection on 127.0.0.1; [`Upstream::in_flight`] counts the requests received and not
 //! yet answered, so tests wait on it rather than sleep.
 
@@ -80,6 +84,8 @@ impl Drop for Upstream {
 struct Head {
     behaviour: String,
     hold: String,
+    report: String,
+    tokens: String,
 }
 
 /// Reads one request head (the tests send no bodies); `None` once the peer closed.
@@ -99,6 +105,8 @@ fn read_head(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Head> {
             return Some(Head {
                 behaviour: header("x-upstream"),
                 hold: header("x-hold"),
+                report: header("x-report"),
+                tokens: header("x-tokens"),
             });
         }
         let mut chunk = [0u8; 4096];
@@ -178,10 +186,36 @@ fn answer(stream: &mut TcpStream, shared: &Shared, head: &Head) -> bool {
         let _ = stream.shutdown(std::net::Shutdown::Both);
         return false;
     }
-    let body = "upstream ok";
-    let response = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let tokens = &head.tokens;
+    let response = match head.report.as_str() {
+        "header" => format!("HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-usage-tokens: {tokens}\r\n\r\nok"),
+        "json" => {
+            let body = format!(r#"{{"id":"chat-1","usage":{{"prompt_tokens":1,"total_tokens":{tokens}}}}}"#);
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        }
+        "trailer" => format!(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-usage-tokens\r\n\r\n\
+             5\r\nhello\r\n0\r\nx-usage-tokens: {tokens}\r\n\r\n"
+        ),
+        "stall" => {
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nx-usage-tokens: {tokens}\r\n\r\n5\r\nhello\r\n"
+            );
+            if stream.write_all(head.as_bytes()).is_ok() {
+                wait(stream, shared, || false);
+            }
+            return false;
+        }
+        _ => {
+            let body = "upstream ok";
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        }
+    };
     stream.write_all(response.as_bytes()).is_ok()
 }
