@@ -41,13 +41,14 @@ OUT = ROOT / "bench" / "out"
 # Relative to the repository root, where Envoy runs: no machine path in any config.
 RATELIMIT_WASM = "target/wasm32-wasip1/release/ratelimit_wasm.wasm"
 PASSTHROUGH_WASM = "bench/passthrough/target/passthrough.wasm"
-SHIM_BIN = "target/release/redis-shim"
+SHIM_BIN = os.environ.get("SHIM_BIN", "target/release/redis-shim")  # another build: before/after
 ENVOY_BIN = os.environ.get("ENVOY_BIN", str(ROOT / ".venv" / "bin" / "envoy"))
 SCRIPTS = ROOT / "redis-shim" / "scripts"
 # The one script the shim sends per request: its files in the order redis-shim/src/scripts.rs
-# concatenates them.
-SCRIPT_FILES = ["common.lua", "token_bucket.lua", "fixed_window.lua", "sliding_window_log.lua",
-                "sliding_window_counter.lua", "check.lua"]
+# concatenates them (read from there, so the two cannot drift apart), then the driver.
+_SCRIPTS_RS = (ROOT / "redis-shim" / "src" / "scripts.rs").read_text()
+SCRIPT_FILES = re.findall(r'include_str!\("\.\./scripts/([\w.]+)"\)', _SCRIPTS_RS) + re.findall(
+    r'scripts/([\w.]+)"', re.search(r"CHECK_SOURCE: &str = with_algorithms!\(([^)]*)\)", _SCRIPTS_RS).group(1))
 
 ENVOY_CORE, LOAD_CORE = "0", "1"
 API_KEY = "bench-client"
@@ -110,12 +111,17 @@ FAULT_RESPONDS = {
     },
 }
 
+SHIM_HOP = "baseline_shim_hop"
+
 # name, description, HTTP filters ahead of the router. Names ending in `_cluster` route to
 # a cluster and are answered by FAULT_RESPONDS (compared with `baseline_cluster`); the others
 # answer from the route (`direct_response`, compared with `baseline`).
 CONFIGS = [
     ("baseline", "no rate-limit filter", []),
     ("baseline_cluster", "no rate-limit filter, route to a cluster", []),
+    # What one hop from Envoy to the shim costs with no limiter at all: every request
+    # forwarded by the router, over the shipped shim cluster, to the shim's /healthz.
+    (SHIM_HOP, "no rate-limit filter, every request proxied to the shim's /healthz", []),
     ("native_local", "Envoy local_ratelimit (admits all)", [NATIVE_LOCAL_RATELIMIT]),
     ("wasm_passthrough", "pass-through wasm filter", [wasm_filter("passthrough", PASSTHROUGH_WASM, None)]),
     ("rl_local", "ratelimit-wasm, scope local", ratelimit({"scope": "local"})),
@@ -169,6 +175,7 @@ def shipped_shim_cluster(shim_port, http1=False):
 def envoy_config(port, admin_port, shim_port, filters, name=""):
     to_cluster = name.endswith("_cluster")
     route = ({"route": {"cluster": "upstream"}} if to_cluster
+             else {"route": {"cluster": "ratelimit_shim", "prefix_rewrite": "/healthz"}} if name == SHIM_HOP
              else {"direct_response": {"status": 200, "body": {"inline_string": "ok"}}})
     upstream = {"name": "upstream", "type": "STATIC", "connect_timeout": "0.25s",
                 "load_assignment": {"cluster_name": "upstream",
@@ -527,6 +534,16 @@ def measure_config(procs, name, filters, shim, redis, args):
     return result
 
 
+def round_trip_ms(redis):
+    """p50 of one loopback round trip from Envoy's core to the load core (redis-benchmark
+    PING, one client, back to back): the least a hop costs on this machine. An exact check
+    makes two more than the baseline (Envoy to the shim, the shim to Redis)."""
+    text = subprocess.run(["taskset", "-c", ENVOY_CORE, "redis-benchmark", "-p", str(redis.port), "-c", "1",
+                           "-n", "20000", "-t", "ping", "-q"], capture_output=True, text=True, timeout=60).stdout
+    p50 = re.findall(r"PING_MBULK: .*?p50=([\d.]+) msec", text)
+    return float(p50[-1]) if p50 else None
+
+
 # --------------------------------------------------------------------------- the shim's ceiling
 
 def check_script():
@@ -536,9 +553,9 @@ def check_script():
 
 def script_args(script_text, key):
     """EVALSHA arguments of one admitted token-bucket check, after check.lua's header."""
-    if re.search(r"ARGV\[1\]\s+mode", script_text) and re.search(r"ARGV\[6i\+1\]\s+shadow", script_text):
-        # mode, then algorithm, limit, period (ms), cost, lease, shadow
-        return ["1", key, "charge", "token_bucket", str(ADMIT_ALL), "1000", "1", "0", "0"]
+    if re.search(r"ARGV\[1\]\s+mode", script_text) and re.search(r"ARGV\[7i\+1\]\s+calendar", script_text):
+        # mode, then algorithm, limit, period (ms), cost, lease, shadow, calendar
+        return ["1", key, "charge", "token_bucket", str(ADMIT_ALL), "1000", "1", "0", "0", ""]
     raise SystemExit("bench: check.lua's ARGV layout changed; update script_args() in bench/run.py")
 
 
@@ -687,6 +704,12 @@ def table(results):
     lines.append("")
     lines.append(f"Ranges are min–max over {len(runs)} runs; ratios and added costs are against the "
                  "baseline of the same run and topology (rows \"route to a cluster\" against that baseline). ⚠: some runs left out (skipped, or the shim failed checks: see results.json).")
+    trips = [t for t in results.get("round_trip_ms", []) if t is not None]
+    if trips:
+        lines += ["", f"One loopback round trip between the two cores (redis-benchmark PING, one client, "
+                      f"from Envoy's core to Redis's): p50 {spread(trips, f3)} ms. An exact check makes two "
+                      f"more than the baseline (Envoy to the shim, the shim to Redis), so its added p50 "
+                      f"cannot fall below about {spread([2 * t for t in trips], f2)} ms on this machine."]
     ceilings = results.get("ceiling", [])
     if ceilings:
         lines += ["", "| shim vs raw Redis | checks/s | shim µs CPU/check | Redis µs CPU/check |", "|---|---|---|---|"]
@@ -903,6 +926,7 @@ def main():
             print(f"run {run + 1}/{args.runs}: {', '.join(c[0] for c in order)}", flush=True)
             results["runs"].append({name: measure_config(procs, name, filters, shim, redis, args)
                                     for name, _, filters in order})
+            results.setdefault("round_trip_ms", []).append(round_trip_ms(redis))
             if not args.skip_cluster:
                 # The same rule and Envoy, through a shim on the 3-master cluster.
                 results["runs"][-1][CLUSTER_ROW] = measure_config(procs, CLUSTER_ROW, ratelimit({}), cluster_shim,

@@ -483,6 +483,53 @@ fn a_batch_decides_each_request_on_its_own_in_order() {
     assert!(reply.body.contains("requests"), "{reply:?}");
 }
 
+/// Scripts Redis has run (EVALSHA and EVAL calls), from `INFO commandstats`.
+fn scripts_run(redis: &Redis) -> u64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
+        .filter_map(|line| {
+            line.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+#[test]
+fn a_batch_is_one_script_on_a_standalone_redis() {
+    let (redis, shim) = started();
+    let url = shim.url("/v1/check-batch");
+    let batch = |keys: &[&str]| {
+        let requests: Vec<Value> = keys
+            .iter()
+            .map(|key| json!({ "checks": [check_of(key, "token_bucket", 2, 60_000), check_of(&format!("{key}-ip"), "fixed_window", 1, 60_000)] }))
+            .collect();
+        json!({ "requests": requests }).to_string()
+    };
+    // Loads the script (a NOSCRIPT answer costs a second call).
+    assert_eq!(post(&url, &[], &batch(&["warm"])).status, 200);
+    let before = scripts_run(&redis);
+    let keys = ["a", "b", "c", "d", "e", "f", "g", "a"];
+    let reply = post(&url, &[], &batch(&keys));
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(scripts_run(&redis), before + 1, "eight requests, one script");
+    // Each request on its own and in order: the second "a" finds the first one's charge
+    // on its fixed window of 1 and is refused, charging its bucket nothing.
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    let responses = answer["responses"].as_array().unwrap();
+    for response in &responses[..7] {
+        assert_eq!(response["decided"]["allowed"], true, "{answer}");
+    }
+    assert_eq!(responses[7]["decided"]["allowed"], false, "{answer}");
+    assert_eq!(responses[7]["decided"]["results"][0]["granted"], 0, "{answer}");
+    assert_eq!(responses[7]["decided"]["results"][0]["remaining"], 1, "{answer}");
+}
+
 #[test]
 fn a_full_batch_is_not_held_to_the_single_check_body_limit() {
     let (redis, shim) = started();

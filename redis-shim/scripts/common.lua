@@ -1,5 +1,6 @@
 -- common.lua: the prelude of every script the shim runs (the shim concatenates it first,
--- then calendar.lua, one file per algorithm, then a driver: check.lua or refund.lua).
+-- then calendar.lua, one file per algorithm, then a driver: request.lua with check.lua
+-- or check_batch.lua, or refund.lua).
 --
 -- Each algorithm file adds one table to `algorithms`, keyed by the wire name of the
 -- algorithm, with the same seven functions; `c` is one check's parameters (limit,

@@ -10,7 +10,7 @@
 //! Nothing here counts or logs: a [`Decision`] or a [`DecideError`] says what happened,
 //! refunds included, and the handler that asked counts and logs it.
 
-use crate::scripts::{Charge, Mode, Row};
+use crate::scripts::{Charge, Mode, RequestRows, Row};
 use crate::store::{Store, StoreError};
 use ratelimit_wire::{Algorithm, CalendarWindow, Check, CheckResult, Settlement, TokenReturn};
 
@@ -280,6 +280,37 @@ pub async fn peek<S: Store>(
                 .ok_or_else(|| StoreError::Malformed("a check in no slot group".into()))
         })
         .collect()
+}
+
+/// The decision of one request that check_batch.lua decided along with others, from its
+/// rows, or the script's refusal to decide it (it then charged nothing). One script
+/// reaches every key there, so no slot is ever refunded.
+pub fn decided_in_batch(rows: RequestRows, checks: &[Check]) -> Result<Decision, DecideError> {
+    let rows = rows.map_err(|message| DecideError::nothing_charged(StoreError::Script(message)))?;
+    let allowed = rows
+        .iter()
+        .zip(checks)
+        .all(|(row, check)| check.shadow || row.admits);
+    Ok(Decision {
+        allowed,
+        results: rows
+            .iter()
+            .zip(checks)
+            .map(|(row, check)| row.result(check))
+            .collect(),
+        refund: None,
+    })
+}
+
+impl DecideError {
+    /// A failure before anything was charged.
+    pub fn nothing_charged(error: StoreError) -> DecideError {
+        DecideError {
+            error,
+            refund: None,
+            earlier_refund: None,
+        }
+    }
 }
 
 /// Decides `checks`, whose Redis keys (prefixed) are `keys`.

@@ -2,8 +2,9 @@
 //! replies.
 //!
 //! One file per algorithm under `scripts/`, each headed by its contract and state per
-//! key, `calendar.lua` (windows aligned to the calendar, for fixed windows), plus two
-//! drivers: `check.lua` (every check of a request, all or nothing) and
+//! key, `calendar.lua` (windows aligned to the calendar, for fixed windows), plus three
+//! drivers: `check.lua` (every check of a request, all or nothing, by `request.lua`),
+//! `check_batch.lua` (several requests, each on its own, on a standalone Redis) and
 //! `refund.lua` (gives back a charge when a later cluster slot refused). A script is the
 //! prelude, every algorithm and one driver concatenated, so one EVALSHA runs any mix of
 //! algorithms atomically. `redis::Script` loads it again when Redis answers NOSCRIPT
@@ -13,7 +14,7 @@ use ratelimit_wire::{Check, CheckResult};
 use redis::{Script, ScriptInvocation};
 
 macro_rules! with_algorithms {
-    ($driver:literal) => {
+    ($($driver:literal),+) => {
         concat!(
             include_str!("../scripts/common.lua"),
             include_str!("../scripts/calendar.lua"),
@@ -22,19 +23,22 @@ macro_rules! with_algorithms {
             include_str!("../scripts/sliding_window_log.lua"),
             include_str!("../scripts/sliding_window_counter.lua"),
             include_str!("../scripts/concurrency.lua"),
-            include_str!($driver),
+            $(include_str!($driver),)+
         )
     };
 }
 
-/// The source of the check script.
-pub const CHECK_SOURCE: &str = with_algorithms!("../scripts/check.lua");
+/// The source of the check script: one request's checks.
+pub const CHECK_SOURCE: &str = with_algorithms!("../scripts/request.lua", "../scripts/check.lua");
+/// The source of the batch check script: several requests' checks, each on its own.
+pub const CHECK_BATCH_SOURCE: &str = with_algorithms!("../scripts/request.lua", "../scripts/check_batch.lua");
 /// The source of the refund script.
 pub const REFUND_SOURCE: &str = with_algorithms!("../scripts/refund.lua");
 
-/// Both scripts, hashed once.
+/// The scripts, hashed once.
 pub struct Scripts {
     pub check: Script,
+    pub check_batch: Script,
     pub refund: Script,
 }
 
@@ -42,6 +46,7 @@ impl Scripts {
     pub fn new() -> Scripts {
         Scripts {
             check: Script::new(CHECK_SOURCE),
+            check_batch: Script::new(CHECK_BATCH_SOURCE),
             refund: Script::new(REFUND_SOURCE),
         }
     }
@@ -70,21 +75,22 @@ fn calendar_arg(check: &Check) -> String {
         .unwrap_or_default()
 }
 
-/// A check.lua invocation over `checks`, whose Redis keys are `keys` (same order).
-pub fn check_invocation<'a>(
-    scripts: &'a Scripts,
-    mode: Mode,
-    keys: &[&str],
-    checks: &[&Check],
-) -> ScriptInvocation<'a> {
-    let mut invocation = scripts.check.prepare_invoke();
-    invocation.arg(match mode {
+fn mode_arg(mode: Mode) -> &'static str {
+    match mode {
         Mode::Charge => "charge",
         Mode::Peek => "peek",
-    });
-    for (key, check) in keys.iter().zip(checks) {
+    }
+}
+
+/// Adds one request's checks, whose Redis keys are `keys` (same order), to `invocation`.
+fn add_checks<'k>(
+    invocation: &mut ScriptInvocation<'_>,
+    keys: impl Iterator<Item = &'k str>,
+    checks: &[&Check],
+) {
+    for (key, check) in keys.zip(checks) {
         invocation
-            .key(*key)
+            .key(key)
             .arg(check.algorithm.as_str())
             .arg(check.limit)
             .arg(check.period_ms)
@@ -93,7 +99,71 @@ pub fn check_invocation<'a>(
             .arg(u8::from(check.shadow))
             .arg(calendar_arg(check));
     }
+}
+
+/// A check.lua invocation over `checks`, whose Redis keys are `keys` (same order).
+pub fn check_invocation<'a>(
+    scripts: &'a Scripts,
+    mode: Mode,
+    keys: &[&str],
+    checks: &[&Check],
+) -> ScriptInvocation<'a> {
+    let mut invocation = scripts.check.prepare_invoke();
+    invocation.arg(mode_arg(mode));
+    add_checks(&mut invocation, keys.iter().copied(), checks);
     invocation
+}
+
+/// One request of a batch: its checks and their Redis keys (same order).
+pub struct RequestChecks<'a> {
+    pub keys: &'a [String],
+    pub checks: &'a [Check],
+}
+
+/// A check_batch.lua invocation charging each of `requests` on its own.
+pub fn check_batch_invocation<'a>(
+    scripts: &'a Scripts,
+    requests: &[RequestChecks<'_>],
+) -> ScriptInvocation<'a> {
+    let mut invocation = scripts.check_batch.prepare_invoke();
+    invocation.arg(mode_arg(Mode::Charge));
+    for request in requests {
+        invocation.arg(request.checks.len());
+        let checks: Vec<&Check> = request.checks.iter().collect();
+        add_checks(&mut invocation, request.keys.iter().map(String::as_str), &checks);
+    }
+    invocation
+}
+
+/// One request's part of check_batch.lua's reply: its rows, or why the script could not
+/// decide it (it then charged nothing).
+pub type RequestRows = Result<Vec<Row>, String>;
+
+/// Reads check_batch.lua's reply: for each request, rows for `expected[i]` checks, or an
+/// error message.
+pub fn parse_batch_reply(
+    reply: Vec<redis::Value>,
+    expected: &[usize],
+) -> Result<Vec<RequestRows>, MalformedReply> {
+    if reply.len() != expected.len() {
+        return Err(MalformedReply(format!(
+            "{} answers for {} requests",
+            reply.len(),
+            expected.len()
+        )));
+    }
+    reply
+        .into_iter()
+        .zip(expected)
+        .map(|(value, &checks)| match value {
+            redis::Value::BulkString(message) => Ok(Err(String::from_utf8_lossy(&message).into_owned())),
+            value => {
+                let rows: Vec<Vec<i64>> =
+                    redis::from_redis_value(value).map_err(|e| MalformedReply(e.to_string()))?;
+                parse_rows(rows, checks).map(Ok)
+            }
+        })
+        .collect()
 }
 
 /// A charge check.lua made, to be given back (or, settled at a higher real cost,
@@ -251,10 +321,33 @@ mod tests {
     }
 
     #[test]
-    fn every_algorithm_is_in_both_scripts() {
+    fn parses_a_batch_reply_request_by_request() {
+        use redis::Value;
+        let row = |admits: i64| Value::Array([admits, 4, 200, 0, admits, 17, 0].map(Value::Int).to_vec());
+        let reply = vec![
+            Value::Array(vec![row(1), row(0)]),
+            Value::BulkString(b"unknown algorithm x".to_vec()),
+            Value::Array(vec![row(1)]),
+        ];
+        let requests = parse_batch_reply(reply.clone(), &[2, 1, 1]).unwrap();
+        assert_eq!(requests.len(), 3);
+        let first = requests[0].as_ref().unwrap();
+        assert!(first[0].admits && !first[1].admits);
+        assert_eq!(requests[1], Err("unknown algorithm x".to_string()));
+        assert_eq!(requests[2].as_ref().unwrap()[0].granted, 1);
+        assert!(
+            parse_batch_reply(reply.clone(), &[2, 1]).is_err(),
+            "one answer per request"
+        );
+        assert!(parse_batch_reply(reply, &[1, 1, 1]).is_err(), "one row per check");
+    }
+
+    #[test]
+    fn every_algorithm_is_in_every_script() {
         for algorithm in Algorithm::ALL {
             let registration = format!("algorithms.{} = {{}}", algorithm.as_str());
             assert!(CHECK_SOURCE.contains(&registration), "{registration}");
+            assert!(CHECK_BATCH_SOURCE.contains(&registration), "{registration}");
             assert!(REFUND_SOURCE.contains(&registration), "{registration}");
         }
     }

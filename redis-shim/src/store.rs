@@ -8,13 +8,16 @@
 //! still coming up. Every operation is bounded by the Redis timeout, whatever the
 //! client library does.
 
-use crate::scripts::{check_invocation, parse_rows, refund_invocation, Charge, Mode, Row, Scripts};
+use crate::scripts::{
+    check_batch_invocation, check_invocation, parse_batch_reply, parse_rows, refund_invocation, Charge, Mode,
+    RequestChecks, RequestRows, Row, Scripts,
+};
 use ratelimit_wire::Check;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
-use redis::{RedisError, ScriptInvocation};
+use redis::{FromRedisValue, RedisError, ScriptInvocation};
 use std::fmt;
 use std::future::Future;
 use std::sync::RwLock;
@@ -89,6 +92,8 @@ pub enum StoreError {
     Redis(RedisError),
     /// The script answered something the shim does not understand.
     Malformed(String),
+    /// The script refused to decide one request of a batch (its checks are unusable).
+    Script(String),
 }
 
 impl StoreError {
@@ -98,6 +103,17 @@ impl StoreError {
             StoreError::Timeout => "timeout",
             StoreError::Redis(_) => "error",
             StoreError::Malformed(_) => "malformed_reply",
+            StoreError::Script(_) => "error",
+        }
+    }
+
+    /// The same failure, for another request that shared its script.
+    pub fn duplicate(&self) -> StoreError {
+        match self {
+            StoreError::Timeout => StoreError::Timeout,
+            StoreError::Redis(e) => StoreError::Script(e.to_string()),
+            StoreError::Malformed(e) => StoreError::Malformed(e.clone()),
+            StoreError::Script(e) => StoreError::Script(e.clone()),
         }
     }
 }
@@ -108,6 +124,7 @@ impl fmt::Display for StoreError {
             StoreError::Timeout => f.write_str("timed out"),
             StoreError::Redis(e) => write!(f, "{e}"),
             StoreError::Malformed(e) => write!(f, "malformed script reply: {e}"),
+            StoreError::Script(e) => write!(f, "{e}"),
         }
     }
 }
@@ -175,8 +192,34 @@ impl RedisStore {
         self.config.cluster
     }
 
+    /// Whether one script reaches every key: a standalone Redis, not a cluster.
+    pub fn one_script_reaches_every_key(&self) -> bool {
+        !self.is_cluster()
+    }
+
+    /// Runs check_batch.lua: each of `requests` charged on its own, as check.lua would
+    /// charge it alone, in one script. Only where [`Self::one_script_reaches_every_key`].
+    pub async fn check_requests(
+        &self,
+        requests: &[RequestChecks<'_>],
+    ) -> Result<Vec<RequestRows>, StoreError> {
+        let expected: Vec<usize> = requests.iter().map(|request| request.checks.len()).collect();
+        let reply = self
+            .invoke(&check_batch_invocation(&self.scripts, requests))
+            .await?;
+        parse_batch_reply(reply, &expected).map_err(|e| StoreError::Malformed(e.0))
+    }
+
     /// Runs a script whose reply is `expected` rows.
     async fn run(&self, invocation: &ScriptInvocation<'_>, expected: usize) -> Result<Vec<Row>, StoreError> {
+        parse_rows(self.invoke(invocation).await?, expected).map_err(|e| StoreError::Malformed(e.0))
+    }
+
+    /// Runs a script, once more on a connection found dropped (see below).
+    async fn invoke<T: FromRedisValue + Send>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
         let started = Instant::now();
         let mut reply = self.run_once(invocation, self.config.timeout).await;
         // A connection Redis closed while the shim was idle (a restart) shows only when
@@ -188,14 +231,14 @@ impl RedisStore {
                 reply = self.run_once(invocation, left).await;
             }
         }
-        parse_rows(reply?, expected).map_err(|e| StoreError::Malformed(e.0))
+        reply
     }
 
-    async fn run_once(
+    async fn run_once<T: FromRedisValue + Send>(
         &self,
         invocation: &ScriptInvocation<'_>,
         timeout: Duration,
-    ) -> Result<Vec<Vec<i64>>, StoreError> {
+    ) -> Result<T, StoreError> {
         let (connection, generation) = self.connection();
         match connection {
             Connection::Standalone(mut manager) => {
