@@ -2,10 +2,12 @@
 //! `dispatch_http_call`s (the bookkeeping is [`Batcher`]'s), and each answer, or the
 //! call's failure, is applied to every request it carried.
 //!
-//! The root context owns the calls because Envoy cancels a context's calls when its
-//! stream ends, and the SDK delivers an answer to the context that was running when the
-//! call was made: only a root callback can start a call whose answer outlives any one
-//! request. A request wakes the root through a shared queue when a call may start.
+//! The root context makes the calls. Envoy attaches every call to the root context
+//! whoever makes it, but the SDK delivers the answer to the context whose callback made
+//! the call, and drops it once that context is gone: only a root callback can start a
+//! call whose answer outlives any one request. A request wakes the root through a shared
+//! queue when a call may start. (Sending a lone request's call from its own callback
+//! instead was measured and did not shorten its wait: `bench/RESULTS.md`.)
 
 use super::hostcalls::{
     self, dispatch_http_call, enqueue_shared_queue, http_call_response_body, log, now_ms, now_us, HostError,
