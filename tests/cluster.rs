@@ -69,6 +69,71 @@ fn rules_sharing_a_hash_tag_are_one_atomic_script() {
     assert!(metrics.contains("rlshim_slot_refunds_total 0\n"), "{metrics}");
 }
 
+/// Scripts run (EVALSHA and EVAL calls) over every master, from `INFO commandstats`.
+fn scripts_run(cluster: &RedisCluster) -> u64 {
+    cluster
+        .ports
+        .iter()
+        .flat_map(|&port| {
+            redis_cli(port, &["INFO", "commandstats"])
+                .unwrap_or_default()
+                .lines()
+                .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
+                .filter_map(|line| {
+                    line.split("calls=")
+                        .nth(1)?
+                        .split(',')
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .collect::<Vec<u64>>()
+        })
+        .sum()
+}
+
+#[test]
+fn a_batch_runs_one_script_per_slot_and_each_request_on_its_own() {
+    let (cluster, shim) = cluster_and_shim();
+    let (tag_a, tag_b) = tags_on_different_nodes(&cluster);
+    let client = |rule: &str, tag: &str, limit: u64| {
+        check_of(&format!("{rule}:{{{tag}}}"), "fixed_window", limit, 600_000)
+    };
+    let batch = |rule: &str| {
+        let one_client = json!({ "checks": [client(&format!("{rule}-minute"), &tag_a, 2), client(&format!("{rule}-day"), &tag_a, 10)] });
+        let other_client = json!({ "checks": [client(&format!("{rule}-minute"), &tag_b, 5)] });
+        // Keyed on different parts: its keys span two slots on two masters.
+        let spanning = json!({ "checks": [client(&format!("{rule}-key"), &tag_a, 5), client(&format!("{rule}-ip"), &tag_b, 5)] });
+        json!({ "requests": [one_client.clone(), other_client.clone(), one_client.clone(), spanning, one_client, other_client] }).to_string()
+    };
+    let url = shim.url("/v1/check-batch");
+    // Loads both scripts on both masters (a NOSCRIPT answer costs a second call).
+    assert_eq!(post(&url, &[], &batch("warm")).status, 200);
+    let before = scripts_run(&cluster);
+    let reply = post(&url, &[], &batch("rule"));
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(
+        scripts_run(&cluster),
+        before + 4,
+        "one script for client a's three requests, one for client b's two, one per slot of the spanning request"
+    );
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    let allowed: Vec<&Value> = answer["responses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|response| &response["decided"]["allowed"])
+        .collect();
+    assert_eq!(allowed, [true, true, true, true, false, true], "{answer}");
+    // The refused third request of client a charged neither of its rules.
+    let day = &answer["responses"][4]["decided"]["results"][1];
+    assert_eq!(
+        (day["granted"].as_u64(), day["remaining"].as_u64()),
+        (Some(0), Some(8)),
+        "{answer}"
+    );
+}
+
 #[test]
 fn a_request_spanning_slots_is_all_or_nothing_under_every_algorithm() {
     let (cluster, shim) = cluster_and_shim();

@@ -4,7 +4,7 @@
 //! One file per algorithm under `scripts/`, each headed by its contract and state per
 //! key, `calendar.lua` (windows aligned to the calendar, for fixed windows), plus three
 //! drivers: `check.lua` (every check of a request, all or nothing, by `request.lua`),
-//! `check_batch.lua` (several requests, each on its own, on a standalone Redis) and
+//! `check_batch.lua` (several requests, each on its own, whose keys one script reaches) and
 //! `refund.lua` (gives back a charge when a later cluster slot refused). A script is the
 //! prelude, every algorithm and one driver concatenated, so one EVALSHA runs any mix of
 //! algorithms atomically. `redis::Script` loads it again when Redis answers NOSCRIPT

@@ -45,6 +45,16 @@ pub trait Store {
     fn refund(&self, charges: &[Charge<'_>]) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
 }
 
+/// Requests sharing one of these can be decided in one script (see
+/// [`RedisStore::shared_script`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SharedScript {
+    /// A standalone Redis: every key in reach.
+    Standalone,
+    /// The keys of one cluster slot.
+    Slot(Slot),
+}
+
 /// How the shim reaches Redis.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisConfig {
@@ -192,13 +202,24 @@ impl RedisStore {
         self.config.cluster
     }
 
-    /// Whether one script reaches every key: a standalone Redis, not a cluster.
-    pub fn one_script_reaches_every_key(&self) -> bool {
-        !self.is_cluster()
+    /// The script that can decide a request whose keys are `keys` along with other
+    /// requests: on a standalone Redis, one for every request; on a cluster, one per slot,
+    /// for requests whose keys all lie in that slot (one client's rules keyed alike).
+    /// `None` for a request whose keys span slots: it is decided slot by slot
+    /// ([`crate::decision::decide`]).
+    pub fn shared_script(&self, keys: &[String]) -> Option<SharedScript> {
+        if !self.is_cluster() {
+            return Some(SharedScript::Standalone);
+        }
+        let slot = Slot::for_key(keys.first()?);
+        keys.iter()
+            .all(|key| Slot::for_key(key) == slot)
+            .then_some(SharedScript::Slot(slot))
     }
 
     /// Runs check_batch.lua: each of `requests` charged on its own, as check.lua would
-    /// charge it alone, in one script. Only where [`Self::one_script_reaches_every_key`].
+    /// charge it alone, in one script. Every request's keys share one
+    /// [`Self::shared_script`].
     pub async fn check_requests(
         &self,
         requests: &[RequestChecks<'_>],
