@@ -147,6 +147,8 @@ EXPERIMENTS = [
       for kind in ("time", "header", "shared", "set", "metric", "add_header")],
     ("probe_pause", "pass-through, paused and resumed by the root",
      [wasm_filter("passthrough", PASSTHROUGH_WASM, "pause:1")]),
+    ("probe_call", "pass-through, paused, one call to the shim's /healthz per batch, resumed",
+     [wasm_filter("passthrough", PASSTHROUGH_WASM, "call:1")]),
 ]
 CLUSTER_ROW = "rl_global_3_masters"  # not "_cluster": that suffix means the route-to-a-cluster topology
 CLUSTER_ROW_DESCRIPTION = "exact global, Redis Cluster (3 masters)"

@@ -17,7 +17,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
-use redis::{FromRedisValue, RedisError, ScriptInvocation};
+use redis::io::tcp::TcpSettings;
+use redis::{FromRedisValue, IntoConnectionInfo, RedisError, ScriptInvocation};
 use std::fmt;
 use std::future::Future;
 use std::sync::RwLock;
@@ -376,10 +377,17 @@ impl Store for RedisStore {
     }
 }
 
+/// `TCP_NODELAY` on: the client's default leaves Nagle's algorithm on, which holds a
+/// script written while another's reply is due until that reply comes back.
+fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
+}
+
 /// A new, lazily connecting connection.
 fn open(config: &RedisConfig) -> Result<Connection, RedisError> {
     if config.cluster {
         let client = ClusterClient::builder(config.urls.iter().map(String::as_str))
+            .tcp_settings(tcp_settings())
             .connection_timeout(config.timeout)
             .response_timeout(config.timeout)
             // No retry: a charging script that ran but whose reply was lost would charge
@@ -400,7 +408,11 @@ fn open(config: &RedisConfig) -> Result<Connection, RedisError> {
             "a standalone Redis takes exactly one URL",
         )));
     };
-    let client = redis::Client::open(url.as_str())?;
+    let client = redis::Client::open(
+        url.as_str()
+            .into_connection_info()?
+            .set_tcp_settings(tcp_settings()),
+    )?;
     let manager_config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.timeout))
         .set_response_timeout(Some(config.timeout))

@@ -10,6 +10,9 @@
 //! (`add_map_value` on the response, in the response callback). `"pause:1"` instead
 //! pauses every request and resumes it from the root context after a wake-up through a
 //! shared queue, as ratelimit-wasm does around a batched shim call, minus the call.
+//! `"call:1"` does the same with the call: the root sends every paused request's wait as
+//! one HTTP call (`GET /healthz` on the `ratelimit_shim` cluster, one call in flight) and
+//! resumes them when it is answered: the exact path's mechanics without its logic.
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -17,8 +20,34 @@ use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, Metr
 use std::cell::RefCell;
 
 thread_local! {
-    /// Requests paused by the `pause` probe, waiting for the root to resume them.
+    /// Requests paused by the `pause` and `call` probes, waiting for the root to resume them.
     static PAUSED: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+    /// The `call` probe's call in flight: its token and the requests it carries.
+    static CALL: RefCell<Option<(u32, Vec<u32>)>> = const { RefCell::new(None) };
+}
+
+fn resume(contexts: Vec<u32>) {
+    for context_id in contexts {
+        if hostcalls::set_effective_context(context_id).is_ok() {
+            let _ = hostcalls::resume_http_request();
+        }
+    }
+}
+
+/// The `call` probe: sends what waits as one call, unless one is in flight.
+fn call_for_waiting() {
+    if CALL.with(|call| call.borrow().is_some()) {
+        return;
+    }
+    let waiting = PAUSED.with(|paused| std::mem::take(&mut *paused.borrow_mut()));
+    if waiting.is_empty() {
+        return;
+    }
+    let headers = vec![(":method", "GET"), (":path", "/healthz"), (":authority", "shim")];
+    match hostcalls::dispatch_http_call("ratelimit_shim", headers, None, Vec::new(), std::time::Duration::from_secs(1)) {
+        Ok(token) => CALL.with(|call| *call.borrow_mut() = Some((token, waiting))),
+        Err(_) => resume(waiting),
+    }
 }
 
 proxy_wasm::main! {{
@@ -37,6 +66,7 @@ enum Probe {
     AddHeader(u32),
     /// The wake-up queue's id.
     Pause(u32),
+    Call(u32),
 }
 
 impl Probe {
@@ -58,7 +88,7 @@ impl Probe {
             Probe::Metric(n, id) => (0..n).for_each(|_| {
                 let _ = hostcalls::increment_metric(id, 1);
             }),
-            Probe::AddHeader(_) | Probe::Pause(_) => {}
+            Probe::AddHeader(_) | Probe::Pause(_) | Probe::Call(_) => {}
         }
     }
 
@@ -76,7 +106,19 @@ struct Root {
     probe: Probe,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(&mut self, token: u32, _headers: usize, _body: usize, _trailers: usize) {
+        let answered = CALL.with(|call| {
+            let mut call = call.borrow_mut();
+            (call.as_ref().map(|(t, _)| *t) == Some(token)).then(|| call.take()).flatten()
+        });
+        if let Some((_, contexts)) = answered {
+            resume(contexts);
+            let _ = hostcalls::set_effective_context(self.context_id);
+            call_for_waiting();
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -104,6 +146,10 @@ impl RootContext for Root {
                 Ok(queue) => Probe::Pause(queue),
                 Err(_) => return false,
             },
+            "call" => match hostcalls::register_shared_queue(&format!("bench.call.{}", self.context_id)) {
+                Ok(queue) => Probe::Call(queue),
+                Err(_) => return false,
+            },
             "add_header" => Probe::AddHeader(n),
             "metric" => match hostcalls::define_metric(MetricType::Counter, "bench.probe") {
                 Ok(id) => Probe::Metric(n, id),
@@ -117,10 +163,10 @@ impl RootContext for Root {
 
     fn on_queue_ready(&mut self, queue_id: u32) {
         while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
-        for context_id in PAUSED.with(|paused| std::mem::take(&mut *paused.borrow_mut())) {
-            if hostcalls::set_effective_context(context_id).is_ok() {
-                let _ = hostcalls::resume_http_request();
-            }
+        if let Probe::Call(_) = self.probe {
+            call_for_waiting();
+        } else {
+            resume(PAUSED.with(|paused| std::mem::take(&mut *paused.borrow_mut())));
         }
     }
 
@@ -145,7 +191,7 @@ impl Context for Pass {}
 
 impl HttpContext for Pass {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if let Probe::Pause(queue) = self.probe {
+        if let Probe::Pause(queue) | Probe::Call(queue) = self.probe {
             let first = PAUSED.with(|paused| {
                 let mut paused = paused.borrow_mut();
                 paused.push(self.context_id);
