@@ -528,6 +528,16 @@ fn a_batch_is_one_script_on_a_standalone_redis() {
     assert_eq!(responses[7]["decided"]["allowed"], false, "{answer}");
     assert_eq!(responses[7]["decided"]["results"][0]["granted"], 0, "{answer}");
     assert_eq!(responses[7]["decided"]["results"][0]["remaining"], 1, "{answer}");
+
+    // A command failing on one request's key fails that request alone.
+    redis.cli(&["LPUSH", "rl:broken", "not a counter"]);
+    let reply = post(&url, &[], &batch(&["h", "broken", "i"]));
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    let responses = answer["responses"].as_array().unwrap();
+    assert_eq!(responses[0]["decided"]["allowed"], true, "{answer}");
+    let failure = responses[1]["failed"].as_str().unwrap_or_default();
+    assert!(failure.contains("WRONGTYPE"), "{answer}");
+    assert_eq!(responses[2]["decided"]["allowed"], true, "{answer}");
 }
 
 #[test]

@@ -9,9 +9,9 @@
 -- ARGV[1]          mode: 'charge' or 'peek'
 -- then per request ARGV[a] = its number of checks n, followed by check.lua's 7 values
 --                  per check (algorithm, limit, period, cost, lease, shadow, calendar)
--- Reply: per request, check.lua's rows; or, for a request whose arguments a check
--- cannot use, the error as a string: it is decided by nothing and charges nothing,
--- and the other requests are decided all the same.
+-- Reply: per request, check.lua's rows; or the error that stopped it, as a string (its
+-- arguments unusable, or a command failing on one of its keys): the other requests are
+-- decided all the same, as they would be by scripts of their own.
 
 local now = redis_now_us()
 local charging = ARGV[1] == 'charge'
@@ -19,7 +19,12 @@ local replies = {}
 local first_key, a = 1, 2
 while a <= #ARGV do
   local count = tonumber(ARGV[a])
-  local reply, err = check_request(first_key, count, a + 1, charging, now)
+  local ran, reply, err = pcall(check_request, first_key, count, a + 1, charging, now)
+  if not ran then
+    -- A failed redis.call raises a table holding `err`; other errors a string.
+    err = type(reply) == 'table' and reply.err or tostring(reply)
+    reply = nil
+  end
   replies[#replies + 1] = reply or err
   first_key = first_key + count
   a = a + 1 + 7 * count

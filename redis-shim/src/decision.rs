@@ -283,8 +283,8 @@ pub async fn peek<S: Store>(
 }
 
 /// The decision of one request that check_batch.lua decided along with others, from its
-/// rows, or the script's refusal to decide it (it then charged nothing). One script
-/// reaches every key there, so no slot is ever refunded.
+/// rows, or the error that stopped its part of the script. Every key of the request is
+/// in the script's reach, so nothing is ever refunded.
 pub fn decided_in_batch(rows: RequestRows, checks: &[Check]) -> Result<Decision, DecideError> {
     let rows = rows.map_err(|message| DecideError::nothing_charged(StoreError::Script(message)))?;
     let allowed = rows

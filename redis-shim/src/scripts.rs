@@ -135,8 +135,7 @@ pub fn check_batch_invocation<'a>(
     invocation
 }
 
-/// One request's part of check_batch.lua's reply: its rows, or why the script could not
-/// decide it (it then charged nothing).
+/// One request's part of check_batch.lua's reply: its rows, or the error that stopped it.
 pub type RequestRows = Result<Vec<Row>, String>;
 
 /// Reads check_batch.lua's reply: for each request, rows for `expected[i]` checks, or an

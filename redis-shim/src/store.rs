@@ -103,7 +103,8 @@ pub enum StoreError {
     Redis(RedisError),
     /// The script answered something the shim does not understand.
     Malformed(String),
-    /// The script refused to decide one request of a batch (its checks are unusable).
+    /// One request's part of a batch script failed (its checks unusable, or a command
+    /// failing on one of its keys); the other requests were decided.
     Script(String),
 }
 
