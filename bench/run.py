@@ -44,8 +44,9 @@ PASSTHROUGH_WASM = "bench/passthrough/target/passthrough.wasm"
 SHIM_BIN = os.environ.get("SHIM_BIN", "target/release/redis-shim")  # another build: before/after
 ENVOY_BIN = os.environ.get("ENVOY_BIN", str(ROOT / ".venv" / "bin" / "envoy"))
 SCRIPTS = ROOT / "redis-shim" / "scripts"
-# The one script the shim sends per request: its files in the order redis-shim/src/scripts.rs
-# concatenates them (read from there, so the two cannot drift apart), then the driver.
+# The shim's check script (one request's checks), which the ceiling runs straight into
+# Redis: its files in the order redis-shim/src/scripts.rs concatenates them (read from
+# there, so the two cannot drift apart).
 _SCRIPTS_RS = (ROOT / "redis-shim" / "src" / "scripts.rs").read_text()
 SCRIPT_FILES = re.findall(r'include_str!\("\.\./scripts/([\w.]+)"\)', _SCRIPTS_RS) + re.findall(
     r'scripts/([\w.]+)"', re.search(r"CHECK_SOURCE: &str = with_algorithms!\(([^)]*)\)", _SCRIPTS_RS).group(1))
