@@ -69,29 +69,6 @@ fn rules_sharing_a_hash_tag_are_one_atomic_script() {
     assert!(metrics.contains("rlshim_slot_refunds_total 0\n"), "{metrics}");
 }
 
-/// Scripts run (EVALSHA and EVAL calls) over every master, from `INFO commandstats`.
-fn scripts_run(cluster: &RedisCluster) -> u64 {
-    cluster
-        .ports
-        .iter()
-        .flat_map(|&port| {
-            redis_cli(port, &["INFO", "commandstats"])
-                .unwrap_or_default()
-                .lines()
-                .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
-                .filter_map(|line| {
-                    line.split("calls=")
-                        .nth(1)?
-                        .split(',')
-                        .next()?
-                        .parse::<u64>()
-                        .ok()
-                })
-                .collect::<Vec<u64>>()
-        })
-        .sum()
-}
-
 #[test]
 fn a_batch_runs_one_script_per_slot_and_each_request_on_its_own() {
     let (cluster, shim) = cluster_and_shim();
@@ -109,11 +86,11 @@ fn a_batch_runs_one_script_per_slot_and_each_request_on_its_own() {
     let url = shim.url("/v1/check-batch");
     // Loads both scripts on both masters (a NOSCRIPT answer costs a second call).
     assert_eq!(post(&url, &[], &batch("warm")).status, 200);
-    let before = scripts_run(&cluster);
+    let before = cluster.scripts_run();
     let reply = post(&url, &[], &batch("rule"));
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(
-        scripts_run(&cluster),
+        cluster.scripts_run(),
         before + 4,
         "one script for client a's three requests, one for client b's two, one per slot of the spanning request"
     );

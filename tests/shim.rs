@@ -483,23 +483,6 @@ fn a_batch_decides_each_request_on_its_own_in_order() {
     assert!(reply.body.contains("requests"), "{reply:?}");
 }
 
-/// Scripts Redis has run (EVALSHA and EVAL calls), from `INFO commandstats`.
-fn scripts_run(redis: &Redis) -> u64 {
-    redis
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
-        .filter_map(|line| {
-            line.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 #[test]
 fn a_batch_is_one_script_on_a_standalone_redis() {
     let (redis, shim) = started();
@@ -513,11 +496,11 @@ fn a_batch_is_one_script_on_a_standalone_redis() {
     };
     // Loads the script (a NOSCRIPT answer costs a second call).
     assert_eq!(post(&url, &[], &batch(&["warm"])).status, 200);
-    let before = scripts_run(&redis);
+    let before = redis.scripts_run();
     let keys = ["a", "b", "c", "d", "e", "f", "g", "a"];
     let reply = post(&url, &[], &batch(&keys));
     assert_eq!(reply.status, 200, "{reply:?}");
-    assert_eq!(scripts_run(&redis), before + 1, "eight requests, one script");
+    assert_eq!(redis.scripts_run(), before + 1, "eight requests, one script");
     // Each request on its own and in order: the second "a" finds the first one's charge
     // on its fixed window of 1 and is refused, charging its bucket nothing.
     let answer: Value = serde_json::from_str(&reply.body).unwrap();

@@ -21,6 +21,21 @@ pub fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
 }
 
+/// The EVALSHA and EVAL calls counted in the text of `INFO commandstats`.
+fn scripts_in_commandstats(info: &str) -> u64 {
+    info.lines()
+        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
+        .filter_map(|line| {
+            line.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 /// Starts `redis-server` with `args` on `port` and waits until `ping` answers PONG.
 /// `None` when the port was taken (by a process outside the tests): the caller retries.
 fn spawn_redis(port: u16, args: &[String], ping: &[&str]) -> Option<Process> {
@@ -114,6 +129,11 @@ impl Redis {
 
     fn try_cli(&self, args: &[&str]) -> Option<String> {
         redis_cli(self.port, args)
+    }
+
+    /// Scripts this Redis has run (EVALSHA and EVAL calls).
+    pub fn scripts_run(&self) -> u64 {
+        scripts_in_commandstats(&self.cli(&["INFO", "commandstats"]))
     }
 
     /// Runs one redis-cli command and returns its output.
@@ -224,6 +244,16 @@ impl RedisCluster {
     /// The cluster's slot of a key, as Redis computes it.
     pub fn slot(&self, key: &str) -> u16 {
         self.cli(&["CLUSTER", "KEYSLOT", key]).parse().unwrap()
+    }
+
+    /// Scripts run (EVALSHA and EVAL calls) over every master.
+    pub fn scripts_run(&self) -> u64 {
+        self.ports
+            .iter()
+            .map(|&port| {
+                scripts_in_commandstats(&redis_cli(port, &["INFO", "commandstats"]).unwrap_or_default())
+            })
+            .sum()
     }
 
     /// Number of keys over every master.
