@@ -15,7 +15,7 @@ itself, and measures it from core 1:
 
 Every configuration is measured back to back in one run, and the whole sweep runs
 `--runs` times (alternate runs in reverse order) so the table can show the spread.
-Then the shim against its ceiling (wrk through the shim vs redis-benchmark EVALSHA of
+Then the shim against its ceiling (wrk through the shim vs redis-benchmark FCALL of
 the same script) and Redis bytes per key for each algorithm. Writes
 bench/out/results.json and bench/out/table.md; bench/plot.py draws the latency plot.
 
@@ -44,12 +44,6 @@ PASSTHROUGH_WASM = "bench/passthrough/target/passthrough.wasm"
 SHIM_BIN = os.environ.get("SHIM_BIN", "target/release/redis-shim")  # another build: before/after
 ENVOY_BIN = os.environ.get("ENVOY_BIN", str(ROOT / ".venv" / "bin" / "envoy"))
 SCRIPTS = ROOT / "redis-shim" / "scripts"
-# The shim's check script (one request's checks), which the ceiling runs straight into
-# Redis: its files in the order redis-shim/src/scripts.rs concatenates them (read from
-# there, so the two cannot drift apart).
-_SCRIPTS_RS = (ROOT / "redis-shim" / "src" / "scripts.rs").read_text()
-SCRIPT_FILES = re.findall(r'include_str!\("\.\./scripts/([\w.]+)"\)', _SCRIPTS_RS) + re.findall(
-    r'scripts/([\w.]+)"', re.search(r"CHECK_SOURCE: &str = with_algorithms!\(([^)]*)\)", _SCRIPTS_RS).group(1))
 
 ENVOY_CORE, LOAD_CORE = "0", "1"
 API_KEY = "bench-client"
@@ -305,7 +299,7 @@ class Redis:
 
     def commands(self):
         """Calls per command since start, without the ones this harness sends."""
-        ours = {"info", "ping", "flushall", "config", "memory", "script", "scan", "command", "dbsize"}
+        ours = {"info", "ping", "flushall", "config", "memory", "script", "function", "scan", "command", "dbsize"}
         calls = {}
         for line in self.cli("INFO", "commandstats").splitlines():
             m = re.match(r"cmdstat_([^:]+):calls=(\d+)", line)
@@ -549,21 +543,25 @@ def round_trip_ms(redis):
 
 # --------------------------------------------------------------------------- the shim's ceiling
 
-def check_script():
-    """The text of the shim's check script, as the shim builds it."""
-    return "".join((SCRIPTS / name).read_text() for name in SCRIPT_FILES)
+def check_function(redis):
+    """The name of the shim's check function (check.lua), in the library the shim loaded."""
+    found = re.search(r"^(ratelimit_[0-9a-f]+_check)$", redis.cli("FUNCTION", "LIST"), re.M)
+    if not found:
+        raise SystemExit("bench: the shim loaded no function library into Redis")
+    return found.group(1)
 
 
-def script_args(script_text, key):
-    """EVALSHA arguments of one admitted token-bucket check, after check.lua's header."""
-    if re.search(r"ARGV\[1\]\s+mode", script_text) and re.search(r"ARGV\[7i\+1\]\s+calendar", script_text):
+def script_args(key):
+    """FCALL arguments of one admitted token-bucket check, after check.lua's header."""
+    header = (SCRIPTS / "check.lua").read_text()
+    if re.search(r"ARGV\[1\]\s+mode", header) and re.search(r"ARGV\[7i\+1\]\s+calendar", header):
         # mode, then algorithm, limit, period (ms), cost, lease, shadow, calendar
         return ["1", key, "charge", "token_bucket", str(ADMIT_ALL), "1000", "1", "0", "0", ""]
     raise SystemExit("bench: check.lua's ARGV layout changed; update script_args() in bench/run.py")
 
 
 def ceiling(procs, shim, redis, args):
-    """Checks/s through the shim vs EVALSHA/s straight into Redis, Redis alone on core 0."""
+    """Checks/s through the shim vs FCALL/s straight into Redis, Redis alone on core 0."""
     pin(redis.process.pid, ENVOY_CORE)
     try:
         redis.cli("FLUSHALL")
@@ -576,32 +574,31 @@ def ceiling(procs, shim, redis, args):
             "shim_cpu_us_per_check": (after[0] - before[0]) / 1000 / checks if checks else None,
             "redis_cpu_us_per_check": (after[1] - before[1]) / 1000 / checks if checks else None,
         }
-        text = check_script()
-        sha = redis.cli("SCRIPT", "LOAD", text)
+        function = check_function(redis)
         raw = {}
         for pipeline in (1, 16):
             r_before = cpu_ns(redis.process.pid)
             t0 = time.time()
             out = subprocess.run(["taskset", "-c", LOAD_CORE, "redis-benchmark", "-p", str(redis.port), "-c", "32",
-                                  "-n", str(args.evalsha_n * pipeline), "-P", str(pipeline), "--csv",
-                                  "EVALSHA", sha, *script_args(text, "rl:bench:{ceiling-raw}")],
+                                  "-n", str(args.fcall_n * pipeline), "-P", str(pipeline), "--csv",
+                                  "FCALL", function, *script_args("rl:bench:{ceiling-raw}")],
                                  capture_output=True, text=True, timeout=120)
             elapsed = time.time() - t0
-            rows = [line for line in out.stdout.splitlines() if line.startswith('"EVALSHA')]
+            rows = [line for line in out.stdout.splitlines() if line.startswith('"FCALL')]
             if not rows:
                 print(f"  redis-benchmark failed: {(out.stdout + out.stderr).strip()[-300:]}", file=sys.stderr)
             rps = float(rows[-1].split('","')[1]) if rows else 0.0
             raw[f"P{pipeline}"] = {
-                "evalsha_per_s": rps,
-                "redis_cpu_us_per_check": (cpu_ns(redis.process.pid) - r_before) / 1000 / (args.evalsha_n * pipeline),
+                "fcall_per_s": rps,
+                "redis_cpu_us_per_check": (cpu_ns(redis.process.pid) - r_before) / 1000 / (args.fcall_n * pipeline),
                 "seconds": round(elapsed, 1),
             }
         result = {"through_shim": through_result, "redis_benchmark": raw,
-                  "ratio": through["rps"] / raw["P1"]["evalsha_per_s"] if raw["P1"]["evalsha_per_s"] else None}
+                  "ratio": through["rps"] / raw["P1"]["fcall_per_s"] if raw["P1"]["fcall_per_s"] else None}
     finally:
         pin(redis.process.pid, LOAD_CORE)
-    print(f"  shim {through_result['checks_per_s']:.0f} checks/s vs EVALSHA {raw['P1']['evalsha_per_s']:.0f}/s "
-          f"(pipelined x16: {raw['P16']['evalsha_per_s']:.0f}/s): {result['ratio'] or 0:.2f}", flush=True)
+    print(f"  shim {through_result['checks_per_s']:.0f} checks/s vs FCALL {raw['P1']['fcall_per_s']:.0f}/s "
+          f"(pipelined x16: {raw['P16']['fcall_per_s']:.0f}/s): {result['ratio'] or 0:.2f}", flush=True)
     return result
 
 
@@ -720,10 +717,10 @@ def table(results):
                      f"| {spread([c['through_shim']['shim_cpu_us_per_check'] for c in ceilings], f1)} "
                      f"| {spread([c['through_shim']['redis_cpu_us_per_check'] for c in ceilings], f1)} |")
         for p in ("P1", "P16"):
-            lines.append(f"| redis-benchmark EVALSHA -c 32 -P {p[1:]} "
-                         f"| {spread([c['redis_benchmark'][p]['evalsha_per_s'] for c in ceilings], k)} | – "
+            lines.append(f"| redis-benchmark FCALL -c 32 -P {p[1:]} "
+                         f"| {spread([c['redis_benchmark'][p]['fcall_per_s'] for c in ceilings], k)} | – "
                          f"| {spread([c['redis_benchmark'][p]['redis_cpu_us_per_check'] for c in ceilings], f1)} |")
-        lines.append(f"| **shim / EVALSHA (-P 1)** | {spread([c['ratio'] for c in ceilings], f2)} | | |")
+        lines.append(f"| **shim / FCALL (-P 1)** | {spread([c['ratio'] for c in ceilings], f2)} | | |")
     memory = results.get("memory")
     if memory:
         lines += ["", "| algorithm | Redis keys per counter | MEMORY USAGE B/counter | used_memory B/counter |", "|---|---|---|---|"]
@@ -876,7 +873,7 @@ def main():
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--duration", type=int, default=5, help="seconds per load phase")
     parser.add_argument("--rate", type=int, default=2000, help="fixed rate for the latency phase")
-    parser.add_argument("--evalsha-n", type=int, default=150_000, help="redis-benchmark requests (x pipeline)")
+    parser.add_argument("--fcall-n", type=int, default=150_000, help="redis-benchmark requests (x pipeline)")
     parser.add_argument("--only", help="comma-separated configuration names")
     parser.add_argument("--wasm-before", metavar="PATH",
                         help="another build of the filter, measured as rl_global_before and rl_local_before "

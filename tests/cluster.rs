@@ -84,7 +84,7 @@ fn a_batch_runs_one_script_per_slot_and_each_request_on_its_own() {
         json!({ "requests": [one_client.clone(), other_client.clone(), one_client.clone(), spanning, one_client, other_client] }).to_string()
     };
     let url = shim.url("/v1/check-batch");
-    // Loads both scripts on both masters (a NOSCRIPT answer costs a second call).
+    // Loads the library on every master (a missing function costs a second call).
     assert_eq!(post(&url, &[], &batch("warm")).status, 200);
     let before = cluster.scripts_run();
     let reply = post(&url, &[], &batch("rule"));

@@ -1,5 +1,6 @@
 //! The shim against real Redis: each algorithm's contract, the wire semantics shared by
-//! all of them (all or nothing, shadow checks, leases), concurrency, NOSCRIPT recovery,
+//! all of them (all or nothing, shadow checks, leases), concurrency, the function library
+//! loaded again when Redis forgets it,
 //! bad requests, the shared token, Redis AUTH, HTTP/2 cleartext and batches.
 
 mod support;
@@ -292,12 +293,15 @@ fn concurrent_checks_admit_exactly_the_limit_under_every_algorithm() {
 }
 
 #[test]
-fn script_is_reloaded_after_redis_forgets_it() {
+fn functions_are_loaded_again_after_redis_forgets_them() {
     let (redis, shim) = started();
     let bucket = check_of("k", "token_bucket", 5, 60_000);
     assert_eq!(decide_one(&shim, &bucket)["allowed"], true);
-    assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]), "OK");
+    assert!(redis.cli(&["FUNCTION", "LIST"]).contains("ratelimit_"));
+    assert_eq!(redis.cli(&["FUNCTION", "FLUSH"]), "OK");
+    assert_eq!(redis.cli(&["FUNCTION", "LIST"]), "");
     assert_eq!(decide_one(&shim, &bucket)["results"][0]["remaining"], 3);
+    assert!(redis.cli(&["FUNCTION", "LIST"]).contains("ratelimit_"));
 }
 
 #[test]
@@ -494,7 +498,7 @@ fn a_batch_is_one_script_on_a_standalone_redis() {
             .collect();
         json!({ "requests": requests }).to_string()
     };
-    // Loads the script (a NOSCRIPT answer costs a second call).
+    // Loads the library (a missing function costs a second call).
     assert_eq!(post(&url, &[], &batch(&["warm"])).status, 200);
     let before = redis.scripts_run();
     let keys = ["a", "b", "c", "d", "e", "f", "g", "a"];

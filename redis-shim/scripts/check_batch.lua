@@ -1,8 +1,8 @@
 -- check_batch.lua: the checks of several requests (from one Envoy worker's batch) in one
--- script: on a standalone Redis the whole batch, on a cluster the requests whose keys
+-- call: on a standalone Redis the whole batch, on a cluster the requests whose keys
 -- all lie in one slot. Each
 -- request is decided exactly as check.lua would decide it alone (request.lua), all or
--- nothing on its own; all see one Redis time. One script instead of one per request
+-- nothing on its own; all see one Redis time. One call instead of one per request
 -- costs Redis less than half the CPU per check.
 --
 -- KEYS             every request's keys, request after request

@@ -1,6 +1,6 @@
--- common.lua: the prelude of every script the shim runs (the shim concatenates it first,
--- then calendar.lua, one file per algorithm, then a driver: request.lua with check.lua
--- or check_batch.lua, or refund.lua).
+-- common.lua: the prelude of the shim's function library (redis-shim/src/scripts.rs puts it
+-- first, then calendar.lua, one file per algorithm and request.lua, then registers each
+-- driver, check.lua, check_batch.lua and refund.lua, as a function reading KEYS and ARGV).
 --
 -- Each algorithm file adds one table to `algorithms`, keyed by the wire name of the
 -- algorithm, with the same seven functions; `c` is one check's parameters (limit,

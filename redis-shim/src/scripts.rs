@@ -1,60 +1,128 @@
-//! The Lua scripts the shim runs, the arguments they take and the parsing of their
-//! replies.
+//! The Lua the shim runs in Redis, the arguments its functions take and the parsing of
+//! their replies.
 //!
 //! One file per algorithm under `scripts/`, each headed by its contract and state per
 //! key, `calendar.lua` (windows aligned to the calendar, for fixed windows), plus three
 //! drivers: `check.lua` (every check of a request, all or nothing, by `request.lua`),
-//! `check_batch.lua` (several requests, each on its own, whose keys one script reaches) and
-//! `refund.lua` (gives back a charge when a later cluster slot refused). A script is the
-//! prelude, every algorithm and one driver concatenated, so one EVALSHA runs any mix of
-//! algorithms atomically. `redis::Script` loads it again when Redis answers NOSCRIPT
-//! (after a restart or `SCRIPT FLUSH`).
+//! `check_batch.lua` (several requests, each on its own, whose keys one call reaches) and
+//! `refund.lua` (gives back a charge when a later cluster slot refused).
+//!
+//! They run as one Redis function library (Redis 7.0 or later): the prelude and every
+//! algorithm once, then each driver registered as a function, so one FCALL runs any mix
+//! of algorithms atomically. A library is defined once when Redis loads it; a script
+//! sent with EVALSHA ran all of its definitions again on every call, which was more than
+//! half of Redis's time for a one-check request. The library's name carries a hash of its
+//! text, so shims of two versions sharing a Redis each call their own; the shim loads it
+//! again when Redis answers that a function is missing (a restart without persistence,
+//! `FUNCTION FLUSH`, a new cluster node).
 
 use ratelimit_wire::{Check, CheckResult};
-use redis::{Script, ScriptInvocation};
+use redis::{Cmd, ToRedisArgs};
 
-macro_rules! with_algorithms {
-    ($($driver:literal),+) => {
-        concat!(
-            include_str!("../scripts/common.lua"),
-            include_str!("../scripts/calendar.lua"),
-            include_str!("../scripts/token_bucket.lua"),
-            include_str!("../scripts/fixed_window.lua"),
-            include_str!("../scripts/sliding_window_log.lua"),
-            include_str!("../scripts/sliding_window_counter.lua"),
-            include_str!("../scripts/concurrency.lua"),
-            $(include_str!($driver),)+
-        )
-    };
+/// Everything the drivers share: the prelude, the calendar, every algorithm and
+/// `check_request`.
+const SHARED_SOURCE: &str = concat!(
+    include_str!("../scripts/common.lua"),
+    include_str!("../scripts/calendar.lua"),
+    include_str!("../scripts/token_bucket.lua"),
+    include_str!("../scripts/fixed_window.lua"),
+    include_str!("../scripts/sliding_window_log.lua"),
+    include_str!("../scripts/sliding_window_counter.lua"),
+    include_str!("../scripts/concurrency.lua"),
+    include_str!("../scripts/request.lua"),
+);
+
+/// The drivers, each registered as the function `<library>_<name>`.
+const DRIVERS: [(&str, &str); 3] = [
+    ("check", include_str!("../scripts/check.lua")),
+    ("check_batch", include_str!("../scripts/check_batch.lua")),
+    ("refund", include_str!("../scripts/refund.lua")),
+];
+
+/// The shim's function library: its source and its functions' names.
+pub struct Library {
+    /// What `FUNCTION LOAD` takes.
+    pub source: String,
+    check: String,
+    check_batch: String,
+    refund: String,
 }
 
-/// The source of the check script: one request's checks.
-pub const CHECK_SOURCE: &str = with_algorithms!("../scripts/request.lua", "../scripts/check.lua");
-/// The source of the batch check script: several requests' checks, each on its own.
-pub const CHECK_BATCH_SOURCE: &str = with_algorithms!("../scripts/request.lua", "../scripts/check_batch.lua");
-/// The source of the refund script.
-pub const REFUND_SOURCE: &str = with_algorithms!("../scripts/refund.lua");
-
-/// The scripts, hashed once.
-pub struct Scripts {
-    pub check: Script,
-    pub check_batch: Script,
-    pub refund: Script,
-}
-
-impl Scripts {
-    pub fn new() -> Scripts {
-        Scripts {
-            check: Script::new(CHECK_SOURCE),
-            check_batch: Script::new(CHECK_BATCH_SOURCE),
-            refund: Script::new(REFUND_SOURCE),
+impl Library {
+    pub fn new() -> Library {
+        let drivers: String = DRIVERS.iter().map(|(_, driver)| *driver).collect();
+        // Twelve hex digits of the SHA-1 of the code (redis::Script computes it).
+        let hash = redis::Script::new(&(SHARED_SOURCE.to_string() + &drivers))
+            .get_hash()
+            .to_string();
+        let name = format!("ratelimit_{}", &hash[..12]);
+        let mut source = format!("#!lua name={name}\nlocal KEYS, ARGV\n{SHARED_SOURCE}");
+        for (driver, code) in DRIVERS {
+            // The drivers read the call's keys and arguments as EVAL's globals.
+            source.push_str(&format!(
+                "\nredis.register_function('{name}_{driver}', function(keys, args)\n  KEYS, ARGV = keys, args\n{code}\nend)\n"
+            ));
         }
+        Library {
+            source,
+            check: format!("{name}_check"),
+            check_batch: format!("{name}_check_batch"),
+            refund: format!("{name}_refund"),
+        }
+    }
+
+    /// `FUNCTION LOAD REPLACE`: loading it twice (two shims of one version) is harmless.
+    pub fn load_command(&self) -> Cmd {
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg("REPLACE").arg(&self.source);
+        load
     }
 }
 
-impl Default for Scripts {
+impl Default for Library {
     fn default() -> Self {
-        Scripts::new()
+        Library::new()
+    }
+}
+
+/// A call of one of the library's functions, its keys and arguments gathered apart as
+/// FCALL takes them.
+pub struct FunctionCall<'a> {
+    function: &'a str,
+    keys: Vec<&'a str>,
+    args: Vec<Vec<u8>>,
+}
+
+impl<'a> FunctionCall<'a> {
+    fn new(function: &'a str) -> FunctionCall<'a> {
+        FunctionCall {
+            function,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    fn key(&mut self, key: &'a str) -> &mut Self {
+        self.keys.push(key);
+        self
+    }
+
+    fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// The FCALL command.
+    pub fn command(&self) -> Cmd {
+        let mut fcall = redis::cmd("FCALL");
+        fcall.arg(self.function).arg(self.keys.len());
+        for key in &self.keys {
+            fcall.arg(*key);
+        }
+        for arg in &self.args {
+            fcall.arg(arg.as_slice());
+        }
+        fcall
     }
 }
 
@@ -82,15 +150,10 @@ fn mode_arg(mode: Mode) -> &'static str {
     }
 }
 
-/// Adds one request's checks, whose Redis keys are `keys` (same order), to `invocation`.
-fn add_checks<'k>(
-    invocation: &mut ScriptInvocation<'_>,
-    keys: impl Iterator<Item = &'k str>,
-    checks: &[&Check],
-) {
+/// Adds one request's checks, whose Redis keys are `keys` (same order), to `call`.
+fn add_checks<'a>(call: &mut FunctionCall<'a>, keys: impl Iterator<Item = &'a str>, checks: &[&Check]) {
     for (key, check) in keys.zip(checks) {
-        invocation
-            .key(key)
+        call.key(key)
             .arg(check.algorithm.as_str())
             .arg(check.limit)
             .arg(check.period_ms)
@@ -101,17 +164,17 @@ fn add_checks<'k>(
     }
 }
 
-/// A check.lua invocation over `checks`, whose Redis keys are `keys` (same order).
-pub fn check_invocation<'a>(
-    scripts: &'a Scripts,
+/// A check.lua call over `checks`, whose Redis keys are `keys` (same order).
+pub fn check_call<'a>(
+    library: &'a Library,
     mode: Mode,
-    keys: &[&str],
+    keys: &[&'a str],
     checks: &[&Check],
-) -> ScriptInvocation<'a> {
-    let mut invocation = scripts.check.prepare_invoke();
-    invocation.arg(mode_arg(mode));
-    add_checks(&mut invocation, keys.iter().copied(), checks);
-    invocation
+) -> FunctionCall<'a> {
+    let mut call = FunctionCall::new(&library.check);
+    call.arg(mode_arg(mode));
+    add_checks(&mut call, keys.iter().copied(), checks);
+    call
 }
 
 /// One request of a batch: its checks and their Redis keys (same order).
@@ -120,19 +183,16 @@ pub struct RequestChecks<'a> {
     pub checks: &'a [Check],
 }
 
-/// A check_batch.lua invocation charging each of `requests` on its own.
-pub fn check_batch_invocation<'a>(
-    scripts: &'a Scripts,
-    requests: &[RequestChecks<'_>],
-) -> ScriptInvocation<'a> {
-    let mut invocation = scripts.check_batch.prepare_invoke();
-    invocation.arg(mode_arg(Mode::Charge));
+/// A check_batch.lua call charging each of `requests` on its own.
+pub fn check_batch_call<'a>(library: &'a Library, requests: &[RequestChecks<'a>]) -> FunctionCall<'a> {
+    let mut call = FunctionCall::new(&library.check_batch);
+    call.arg(mode_arg(Mode::Charge));
     for request in requests {
-        invocation.arg(request.checks.len());
+        call.arg(request.checks.len());
         let checks: Vec<&Check> = request.checks.iter().collect();
-        add_checks(&mut invocation, request.keys.iter().map(String::as_str), &checks);
+        add_checks(&mut call, request.keys.iter().map(String::as_str), &checks);
     }
-    invocation
+    call
 }
 
 /// One request's part of check_batch.lua's reply: its rows, or the error that stopped it.
@@ -178,12 +238,11 @@ pub struct Charge<'a> {
     pub stamp: i64,
 }
 
-/// A refund.lua invocation adjusting each of `charges`.
-pub fn refund_invocation<'a>(scripts: &'a Scripts, charges: &[Charge<'_>]) -> ScriptInvocation<'a> {
-    let mut invocation = scripts.refund.prepare_invoke();
+/// A refund.lua call adjusting each of `charges`.
+pub fn refund_call<'a>(library: &'a Library, charges: &[Charge<'a>]) -> FunctionCall<'a> {
+    let mut call = FunctionCall::new(&library.refund);
     for charge in charges {
-        invocation
-            .key(charge.key)
+        call.key(charge.key)
             .arg(charge.check.algorithm.as_str())
             .arg(charge.check.limit)
             .arg(charge.check.period_ms)
@@ -191,7 +250,7 @@ pub fn refund_invocation<'a>(scripts: &'a Scripts, charges: &[Charge<'_>]) -> Sc
             .arg(charge.stamp)
             .arg(calendar_arg(charge.check));
     }
-    invocation
+    call
 }
 
 /// One check's line of a script reply.
@@ -342,12 +401,48 @@ mod tests {
     }
 
     #[test]
-    fn every_algorithm_is_in_every_script() {
+    fn the_library_holds_every_algorithm_and_registers_every_driver() {
+        let library = Library::new();
         for algorithm in Algorithm::ALL {
             let registration = format!("algorithms.{} = {{}}", algorithm.as_str());
-            assert!(CHECK_SOURCE.contains(&registration), "{registration}");
-            assert!(CHECK_BATCH_SOURCE.contains(&registration), "{registration}");
-            assert!(REFUND_SOURCE.contains(&registration), "{registration}");
+            assert!(library.source.contains(&registration), "{registration}");
         }
+        let name = library.check.strip_suffix("_check").unwrap();
+        assert!(library.source.starts_with(&format!("#!lua name={name}\n")));
+        for function in [&library.check, &library.check_batch, &library.refund] {
+            assert!(
+                library
+                    .source
+                    .contains(&format!("redis.register_function('{function}'")),
+                "{function}"
+            );
+        }
+        // Keys first, then arguments, whatever order they were added in.
+        let check = check(5);
+        let command = check_call(&library, Mode::Peek, &["k1"], &[&check]).command();
+        let args: Vec<String> = command
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => String::new(),
+            })
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "FCALL",
+                &library.check,
+                "1",
+                "k1",
+                "peek",
+                "token_bucket",
+                "5",
+                "1000",
+                "1",
+                "0",
+                "0",
+                ""
+            ]
+        );
     }
 }

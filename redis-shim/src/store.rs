@@ -9,8 +9,8 @@
 //! client library does.
 
 use crate::scripts::{
-    check_batch_invocation, check_invocation, parse_batch_reply, parse_rows, refund_invocation, Charge, Mode,
-    RequestChecks, RequestRows, Row, Scripts,
+    check_batch_call, check_call, parse_batch_reply, parse_rows, refund_call, Charge, FunctionCall, Library,
+    Mode, RequestChecks, RequestRows, Row,
 };
 use ratelimit_wire::Check;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -18,13 +18,13 @@ use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 use redis::io::tcp::TcpSettings;
-use redis::{FromRedisValue, IntoConnectionInfo, RedisError, ScriptInvocation};
+use redis::{FromRedisValue, IntoConnectionInfo, RedisError};
 use std::fmt;
 use std::future::Future;
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
-/// The operations a decision needs from the counters' store: the scripts of
+/// The operations a decision needs from the counters' store: the functions of
 /// [`crate::scripts`] run on one cluster slot's keys at a time. Behind a trait so the
 /// decision across slots is tested against a store in memory.
 pub trait Store {
@@ -90,7 +90,7 @@ struct Current {
 /// A handle on the counters' Redis.
 pub struct RedisStore {
     config: RedisConfig,
-    scripts: Scripts,
+    library: Library,
     // Held only to clone the connection or swap it, never across a Redis call.
     current: RwLock<Current>,
 }
@@ -106,6 +106,8 @@ pub enum StoreError {
     /// One request's part of a batch script failed (its checks unusable, or a command
     /// failing on one of its keys); the other requests were decided.
     Script(String),
+    /// This Redis cannot run the shim's functions.
+    Unsupported(String),
 }
 
 impl StoreError {
@@ -115,7 +117,7 @@ impl StoreError {
             StoreError::Timeout => "timeout",
             StoreError::Redis(_) => "error",
             StoreError::Malformed(_) => "malformed_reply",
-            StoreError::Script(_) => "error",
+            StoreError::Script(_) | StoreError::Unsupported(_) => "error",
         }
     }
 
@@ -126,6 +128,7 @@ impl StoreError {
             StoreError::Redis(e) => StoreError::Script(e.to_string()),
             StoreError::Malformed(e) => StoreError::Malformed(e.clone()),
             StoreError::Script(e) => StoreError::Script(e.clone()),
+            StoreError::Unsupported(e) => StoreError::Unsupported(e.clone()),
         }
     }
 }
@@ -136,7 +139,7 @@ impl fmt::Display for StoreError {
             StoreError::Timeout => f.write_str("timed out"),
             StoreError::Redis(e) => write!(f, "{e}"),
             StoreError::Malformed(e) => write!(f, "malformed script reply: {e}"),
-            StoreError::Script(e) => write!(f, "{e}"),
+            StoreError::Script(e) | StoreError::Unsupported(e) => write!(f, "{e}"),
         }
     }
 }
@@ -149,7 +152,7 @@ impl RedisStore {
     pub fn connect(config: &RedisConfig) -> Result<RedisStore, RedisError> {
         Ok(RedisStore {
             config: config.clone(),
-            scripts: Scripts::new(),
+            library: Library::new(),
             current: RwLock::new(Current {
                 connection: open(config)?,
                 generation: 0,
@@ -227,31 +230,26 @@ impl RedisStore {
         requests: &[RequestChecks<'_>],
     ) -> Result<Vec<RequestRows>, StoreError> {
         let expected: Vec<usize> = requests.iter().map(|request| request.checks.len()).collect();
-        let reply = self
-            .invoke(&check_batch_invocation(&self.scripts, requests))
-            .await?;
+        let reply = self.invoke(&check_batch_call(&self.library, requests)).await?;
         parse_batch_reply(reply, &expected).map_err(|e| StoreError::Malformed(e.0))
     }
 
-    /// Runs a script whose reply is `expected` rows.
-    async fn run(&self, invocation: &ScriptInvocation<'_>, expected: usize) -> Result<Vec<Row>, StoreError> {
-        parse_rows(self.invoke(invocation).await?, expected).map_err(|e| StoreError::Malformed(e.0))
+    /// Calls a function whose reply is `expected` rows.
+    async fn run(&self, call: &FunctionCall<'_>, expected: usize) -> Result<Vec<Row>, StoreError> {
+        parse_rows(self.invoke(call).await?, expected).map_err(|e| StoreError::Malformed(e.0))
     }
 
-    /// Runs a script, once more on a connection found dropped (see below).
-    async fn invoke<T: FromRedisValue + Send>(
-        &self,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<T, StoreError> {
+    /// Calls a function, once more on a connection found dropped (see below).
+    async fn invoke<T: FromRedisValue + Send>(&self, call: &FunctionCall<'_>) -> Result<T, StoreError> {
         let started = Instant::now();
-        let mut reply = self.run_once(invocation, self.config.timeout).await;
+        let mut reply = self.run_once(call, self.config.timeout).await;
         // A connection Redis closed while the shim was idle (a restart) shows only when
         // the next command is written to it: that command never ran, so it is sent once
         // more, on the reconnected connection, within what is left of the same timeout.
         if let Err(StoreError::Redis(error)) = &reply {
             let left = self.config.timeout.saturating_sub(started.elapsed());
             if (error.is_connection_dropped() || error.is_io_error()) && !left.is_zero() {
-                reply = self.run_once(invocation, left).await;
+                reply = self.run_once(call, left).await;
             }
         }
         reply
@@ -259,19 +257,38 @@ impl RedisStore {
 
     async fn run_once<T: FromRedisValue + Send>(
         &self,
-        invocation: &ScriptInvocation<'_>,
+        call: &FunctionCall<'_>,
         timeout: Duration,
     ) -> Result<T, StoreError> {
         let (connection, generation) = self.connection();
         match connection {
             Connection::Standalone(mut manager) => {
-                self.bounded(generation, timeout, invocation.invoke_async(&mut manager))
+                self.bounded(generation, timeout, self.call_loading(call, &mut manager))
                     .await
             }
             Connection::Cluster(mut cluster) => {
-                self.bounded(generation, timeout, invocation.invoke_async(&mut cluster))
+                self.bounded(generation, timeout, self.call_loading(call, &mut cluster))
                     .await
             }
+        }
+    }
+
+    /// FCALL, after loading the library if Redis does not have it (on a cluster,
+    /// `FUNCTION LOAD` goes to every master).
+    async fn call_loading<T: FromRedisValue>(
+        &self,
+        call: &FunctionCall<'_>,
+        connection: &mut impl redis::aio::ConnectionLike,
+    ) -> redis::RedisResult<T> {
+        match call.command().query_async(connection).await {
+            Err(error) if error_detail_starts(&error, "Function not found") => {
+                self.library
+                    .load_command()
+                    .query_async::<redis::Value>(connection)
+                    .await?;
+                call.command().query_async(connection).await
+            }
+            reply => reply,
         }
     }
 
@@ -349,6 +366,11 @@ impl RedisStore {
                 self.mark_answered(generation);
                 return Ok(value);
             }
+            Ok(Err(e)) if error_detail_starts(&e, "unknown command") => {
+                return Err(StoreError::Unsupported(format!(
+                    "Redis 7.0 or later is required (the shim runs Redis functions): {e}"
+                )))
+            }
             Ok(Err(e)) if !e.is_timeout() => return Err(StoreError::Redis(e)),
             Ok(Err(_)) | Err(_) => StoreError::Timeout,
         };
@@ -368,14 +390,19 @@ impl Store for RedisStore {
     }
 
     async fn check(&self, mode: Mode, keys: &[&str], checks: &[&Check]) -> Result<Vec<Row>, StoreError> {
-        self.run(&check_invocation(&self.scripts, mode, keys, checks), keys.len())
+        self.run(&check_call(&self.library, mode, keys, checks), keys.len())
             .await
     }
 
     async fn refund(&self, charges: &[Charge<'_>]) -> Result<Vec<Row>, StoreError> {
-        self.run(&refund_invocation(&self.scripts, charges), charges.len())
+        self.run(&refund_call(&self.library, charges), charges.len())
             .await
     }
+}
+
+/// Whether Redis answered `ERR <detail>`, the detail starting with `prefix`.
+fn error_detail_starts(error: &RedisError, prefix: &str) -> bool {
+    error.code() == Some("ERR") && error.detail().is_some_and(|detail| detail.starts_with(prefix))
 }
 
 /// `TCP_NODELAY` on: the client's default leaves Nagle's algorithm on, which holds a

@@ -21,10 +21,15 @@ pub fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
 }
 
-/// The EVALSHA and EVAL calls counted in the text of `INFO commandstats`.
+/// The function and script calls (FCALL, EVALSHA, EVAL) counted in the text of `INFO
+/// commandstats`.
 fn scripts_in_commandstats(info: &str) -> u64 {
     info.lines()
-        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
+        .filter(|line| {
+            ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                .iter()
+                .any(|name| line.starts_with(name))
+        })
         .filter_map(|line| {
             line.split("calls=")
                 .nth(1)?
@@ -131,7 +136,7 @@ impl Redis {
         redis_cli(self.port, args)
     }
 
-    /// Scripts this Redis has run (EVALSHA and EVAL calls).
+    /// Functions and scripts this Redis has run (FCALL, EVALSHA and EVAL calls).
     pub fn scripts_run(&self) -> u64 {
         scripts_in_commandstats(&self.cli(&["INFO", "commandstats"]))
     }
@@ -246,7 +251,7 @@ impl RedisCluster {
         self.cli(&["CLUSTER", "KEYSLOT", key]).parse().unwrap()
     }
 
-    /// Scripts run (EVALSHA and EVAL calls) over every master.
+    /// Functions and scripts run (FCALL, EVALSHA and EVAL calls) over every master.
     pub fn scripts_run(&self) -> u64 {
         self.ports
             .iter()
