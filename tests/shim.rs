@@ -598,6 +598,41 @@ fn a_batch_needs_the_shared_token_too() {
 }
 
 #[test]
+fn a_batch_returns_and_settles_in_one_call() {
+    let (redis, shim) = started();
+    // Two requests charged 4 each on one bucket of 10: 2 left.
+    let charged = with(
+        check_of("adjusted", "token_bucket", 10, 600_000),
+        "cost",
+        json!(4),
+    );
+    for _ in 0..2 {
+        assert_eq!(decide_one(&shim, &charged)["allowed"], true);
+    }
+    let before = redis.scripts_run();
+    // One gives back 3 unspent tokens; the other reported a real cost of 1 (3 back).
+    let adjust = json!({
+        "requests": [],
+        "returns": [{ "key": "adjusted", "algorithm": "token_bucket", "limit": 10, "period_ms": 600_000, "amount": 3 }],
+        "settlements": [{ "key": "adjusted", "algorithm": "token_bucket", "limit": 10, "period_ms": 600_000,
+                          "charged": 4, "actual": 1 }],
+    });
+    let reply = post(&shim.url("/v1/check-batch"), &[], &adjust.to_string());
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(
+        redis.scripts_run(),
+        before + 1,
+        "returns and settlements in one call"
+    );
+    let peek = decide_one(&shim, &check_of("adjusted", "token_bucket", 10, 600_000));
+    assert_eq!(
+        number(&peek, 0, "remaining"),
+        7,
+        "2 left, 3 + 3 back, 1 taken by the look"
+    );
+}
+
+#[test]
 fn unspent_leased_tokens_given_back_are_available_again() {
     let (_redis, shim) = started();
     for algorithm in ALGORITHMS {

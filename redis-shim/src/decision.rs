@@ -234,27 +234,23 @@ async fn adjust<S: Store>(store: &S, keys: &[String], adjustments: &[Adjustment]
     Ok(())
 }
 
-/// Gives back leased tokens an Envoy did not spend (`keys` are the returns' keys with
-/// the shim's prefix), slot by slot. Best effort: a lost return only leaves the counter
-/// stricter than it need be.
-pub async fn give_back<S: Store>(
+/// Gives back what Envoys did not spend (leased tokens, concurrency slots) and settles
+/// admitted requests at their real cost (the difference charged now, into debt if need
+/// be, or given back to the window it was charged to), in one call per slot. `keys` are
+/// the returns' keys then the settlements', with the shim's prefix. Best effort: a lost
+/// return only leaves the counter stricter than it need be, a lost settlement the
+/// estimate charged.
+pub async fn adjust_counters<S: Store>(
     store: &S,
     keys: &[String],
     returns: &[TokenReturn],
-) -> Result<(), StoreError> {
-    let adjustments: Vec<Adjustment> = returns.iter().map(Adjustment::of_return).collect();
-    adjust(store, keys, &adjustments).await
-}
-
-/// Settles admitted requests at their real cost (`keys` are the settlements' keys with
-/// the shim's prefix): the difference is charged now, into debt if need be, or given
-/// back to the window it was charged to. Best effort, as a return.
-pub async fn settle<S: Store>(
-    store: &S,
-    keys: &[String],
     settlements: &[Settlement],
 ) -> Result<(), StoreError> {
-    let adjustments: Vec<Adjustment> = settlements.iter().map(Adjustment::of_settlement).collect();
+    let adjustments: Vec<Adjustment> = returns
+        .iter()
+        .map(Adjustment::of_return)
+        .chain(settlements.iter().map(Adjustment::of_settlement))
+        .collect();
     adjust(store, keys, &adjustments).await
 }
 

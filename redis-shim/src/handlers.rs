@@ -139,20 +139,18 @@ pub async fn check_batch(State(shim): State<Arc<Shim>>, headers: HeaderMap, body
         }
     };
     // Tokens given back and costs settled first, so the requests of this batch see them.
-    if !batch.returns.is_empty() {
-        let keys = shim
-            .config
-            .redis_keys(batch.returns.iter().map(|back| back.key.as_str()));
-        if let Err(error) = decision::give_back(&shim.store, &keys, &batch.returns).await {
-            tracing::warn!(%error, keys = ?keys, "returning unspent leased tokens failed");
-        }
-    }
-    if !batch.settlements.is_empty() {
-        let keys = shim
-            .config
-            .redis_keys(batch.settlements.iter().map(|settled| settled.key.as_str()));
-        if let Err(error) = decision::settle(&shim.store, &keys, &batch.settlements).await {
-            tracing::warn!(%error, keys = ?keys, "settling requests at their real cost failed");
+    if !batch.returns.is_empty() || !batch.settlements.is_empty() {
+        let keys = shim.config.redis_keys(
+            batch
+                .returns
+                .iter()
+                .map(|back| back.key.as_str())
+                .chain(batch.settlements.iter().map(|settled| settled.key.as_str())),
+        );
+        if let Err(error) =
+            decision::adjust_counters(&shim.store, &keys, &batch.returns, &batch.settlements).await
+        {
+            tracing::warn!(%error, keys = ?keys, "returning unspent tokens or settling real costs failed");
         }
     }
     // The requests that find no permit are refused one by one, as if each had come
