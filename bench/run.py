@@ -467,7 +467,7 @@ def delta(before, after):
     requests = d("http.bench.downstream_rq_total")
     shim_calls = d("cluster.ratelimit_shim.upstream_rq_total")
     commands = {k: v - before.redis.get(k, 0) for k, v in after.redis.items() if v != before.redis.get(k, 0)}
-    scripts = sum(v for k, v in commands.items() if k.startswith("eval"))
+    scripts = sum(v for k, v in commands.items() if k.startswith(("eval", "fcall")))
     wasm = {}
     for name in after.stats:
         if name.startswith("wasmcustom.ratelimit.") and d(name):
@@ -772,6 +772,109 @@ def profile(args, config):
     print(f"bench: perf reports in bench/out/perf-{name}-*.txt")
 
 
+# --------------------------------------------------------------------------- where the time goes
+
+def envoy_histograms(envoy, names):
+    """p50/p90/p99 (cumulative since start) of the filter's histograms `ratelimit.<name>`."""
+    text = http_get(f"http://127.0.0.1:{envoy.admin}/stats?format=json&filter=ratelimit", timeout=5)
+    found = {}
+    for block in json.loads(text).get("stats", []):
+        histograms = block.get("histograms")
+        if not histograms:
+            continue
+        quantiles = histograms["supported_quantiles"]
+        for h in histograms["computed_quantiles"]:
+            short = h["name"].rsplit(".", 1)[-1]
+            if short in names:
+                at = {q: v.get("cumulative") for q, v in zip(quantiles, h["values"])}
+                found[short] = {"p50": at.get(50), "p90": at.get(90), "p99": at.get(99)}
+    return found
+
+
+def shim_histogram(metrics_text, name):
+    """Buckets (le -> cumulative count), count and sum of one of the shim's histograms."""
+    buckets, count, total = {}, 0, 0.0
+    for line in metrics_text.splitlines():
+        m = re.match(rf'{name}_bucket{{le="([^"]+)"}} (\d+)', line)
+        if m:
+            buckets[float(m.group(1)) if m.group(1) != "+Inf" else float("inf")] = int(m.group(2))
+        elif line.startswith(f"{name}_count "):
+            count = int(line.split()[1])
+        elif line.startswith(f"{name}_sum "):
+            total = float(line.split()[1])
+    return buckets, count, total
+
+
+def histogram_summary(before, after):
+    """Mean and the bucket bound holding the median, in µs, between two snapshots."""
+    (b0, c0, s0), (b1, c1, s1) = before, after
+    n = c1 - c0
+    if not n:
+        return {"mean": None, "p50_at_most": None}
+    median = next(le for le in sorted(b1) if b1[le] - b0.get(le, 0) >= n / 2)
+    return {"mean": (s1 - s0) / n * 1e6, "p50_at_most": median * 1e6}
+
+
+def where_time_goes(args):
+    """One Envoy at --rate req/s on the exact global rule, timed along the path: queued in the
+    worker, the call's round trip, the shim's answer, its Redis call, Redis's own run."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    procs = Processes()
+    try:
+        redis = Redis(procs)
+        shim = Shim(procs, redis.port, args.shim_workers)
+        baseline = Envoy(procs, "baseline", [], shim.port)
+        url = f"http://127.0.0.1:{baseline.port}/"
+        oha_fixed_rate(url, 1, args.rate)
+        base = oha_fixed_rate(url, args.duration, args.rate)
+        baseline.stop()
+        name, _, filters = next(c for c in CONFIGS if c[0] == "rl_global")
+        envoy = Envoy(procs, name, filters, shim.port)
+        if not envoy.ready:
+            sys.exit(f"bench: {name}: {envoy.why_not_ready()}")
+        url = f"http://127.0.0.1:{envoy.port}/"
+        headers = [f"x-api-key: {API_KEY}"]
+        oha_fixed_rate(url, 1, args.rate, headers=headers)  # warm-up at the same rate
+        metrics = lambda: http_get(f"http://127.0.0.1:{shim.port}/metrics", timeout=5)
+        fcall = lambda: re.search(r"cmdstat_fcall:calls=(\d+),usec=(\d+)", redis.cli("INFO", "commandstats"))
+        shim_before, redis_before = metrics(), fcall()
+        measured = oha_fixed_rate(url, args.duration, args.rate, headers=headers)
+        shim_after, redis_after = metrics(), fcall()
+        filter_histograms = envoy_histograms(envoy, {"queued_us", "shim_call_us", "shim_batch_size"})
+        envoy.stop()
+    finally:
+        procs.stop_all()
+    summary = {
+        name: histogram_summary(shim_histogram(shim_before, name), shim_histogram(shim_after, name))
+        for name in ("rlshim_check_duration_seconds", "rlshim_redis_call_duration_seconds")
+    }
+    calls = int(redis_after.group(1)) - int(redis_before.group(1))
+    redis_us = (int(redis_after.group(2)) - int(redis_before.group(2))) / calls if calls else None
+    ms = lambda r, q: r["latency_ms"].get(q)
+    f = lambda v, fmt="{:.0f}": "–" if v is None else fmt.format(v)
+    rows = [
+        ("request, end to end (oha), ms", *(f(ms(measured, q), "{:.3f}") for q in ("p50", "p90", "p99")), "–"),
+        ("baseline (no filter), same minute, ms", *(f(ms(base, q), "{:.3f}") for q in ("p50", "p90", "p99")), "–"),
+    ]
+    for key, label in (("queued_us", "waiting in the worker's queue (queued_us), µs"),
+                       ("shim_call_us", "the call's round trip as Envoy sees it (shim_call_us), µs"),
+                       ("shim_batch_size", "requests per call (shim_batch_size)")):
+        h = filter_histograms.get(key, {})
+        rows.append((label, f(h.get("p50")), f(h.get("p90")), f(h.get("p99")), "–"))
+    for key, label in (("rlshim_check_duration_seconds", "in the shim, request received to answered, µs"),
+                       ("rlshim_redis_call_duration_seconds", "the shim's Redis call, sent to answered, µs")):
+        s_ = summary[key]
+        rows.append((label, f"≤ {f(s_['p50_at_most'])}", "", "", f(s_["mean"])))
+    rows.append(("Redis running the function (INFO commandstats), µs", "", "", "", f(redis_us, "{:.1f}")))
+    lines = [f"One Envoy at {args.rate} req/s for {args.duration} s, exact global rule, shipped shim cluster "
+             "(Envoy's histograms include the 1 s warm-up at the same rate; the shim's p50 is the bucket bound "
+             "holding it):", "", "| | p50 | p90 | p99 | mean |", "|---|---|---|---|---|"]
+    lines += [f"| {' | '.join(row)} |" for row in rows]
+    text = "\n".join(lines)
+    (OUT / "where.md").write_text(text + "\n")
+    print(text)
+
+
 # --------------------------------------------------------------------------- failover
 
 FAILOVER_LIMIT = 1_000_000  # per hour: never reached, so every charge stays in Redis
@@ -885,6 +988,8 @@ def main():
     parser.add_argument("--shim-workers", type=int, help="TOKIO_WORKER_THREADS for the shim (default: one per core)")
     parser.add_argument("--failover", action="store_true",
                         help="instead of the sweep: kill a Redis Cluster master under traffic (see failover())")
+    parser.add_argument("--where", action="store_true",
+                        help="instead of the sweep: where an exact check's time goes at --rate (see where_time_goes())")
     parser.add_argument("--profile", metavar="NAME",
                         help="instead of the sweep: perf-record Envoy, the shim and Redis under closed-loop load")
     args = parser.parse_args()
@@ -910,6 +1015,8 @@ def main():
     configs = [c for c in CONFIGS + experiments if c[0] in args.only.split(",")] if args.only else CONFIGS
     if args.failover:
         return failover(args)
+    if args.where:
+        return where_time_goes(args)
     if args.profile:
         return profile(args, next(c for c in CONFIGS + EXPERIMENTS if c[0] == args.profile))
     procs = Processes()

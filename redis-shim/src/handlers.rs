@@ -41,12 +41,12 @@ pub struct Shim {
 }
 
 impl Shim {
-    pub fn new(store: RedisStore, config: ShimConfig) -> Shim {
+    pub fn new(store: RedisStore, config: ShimConfig, metrics: Arc<Metrics>) -> Shim {
         Shim {
             store,
             admission: Admission::new(config.max_in_flight),
             config,
-            metrics: Arc::default(),
+            metrics,
             draining: AtomicBool::new(false),
         }
     }

@@ -104,10 +104,44 @@ impl ConnectionClose {
 
 const REDIS_ERROR_KINDS: [&str; 3] = ["timeout", "error", "malformed_reply"];
 
-/// Upper bounds of the latency histogram's buckets, in seconds.
-const LATENCY_BUCKETS: [f64; 12] = [
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5,
+/// Upper bounds of the latency histograms' buckets, in seconds.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5,
 ];
+
+/// A latency histogram.
+#[derive(Default)]
+struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, latency: Duration) {
+        let seconds = latency.as_secs_f64();
+        // Cumulative buckets are summed when rendered; each observation lands in one.
+        if let Some(bucket) = LATENCY_BUCKETS.iter().position(|bound| seconds <= *bound) {
+            self.buckets[bucket].fetch_add(1, Relaxed);
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.sum_micros
+            .fetch_add(u64::try_from(latency.as_micros()).unwrap_or(u64::MAX), Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str) {
+        let mut cumulative = 0;
+        for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
+            cumulative += self.buckets[i].load(Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        let count = self.count.load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.sum_micros.load(Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
 
 #[derive(Default)]
 pub struct Metrics {
@@ -119,9 +153,8 @@ pub struct Metrics {
     in_flight: AtomicI64,
     connections_open: AtomicI64,
     connection_closes: [AtomicU64; 4],
-    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    latency_count: AtomicU64,
-    latency_sum_micros: AtomicU64,
+    latency: Histogram,
+    redis_latency: Histogram,
 }
 
 fn algorithm_index(algorithm: Algorithm) -> usize {
@@ -140,14 +173,12 @@ impl Metrics {
             .position(|o| *o == outcome)
             .unwrap_or(0);
         self.requests[index].fetch_add(1, Relaxed);
-        let seconds = latency.as_secs_f64();
-        // Cumulative buckets are summed when rendered; each observation lands in one.
-        if let Some(bucket) = LATENCY_BUCKETS.iter().position(|bound| seconds <= *bound) {
-            self.latency_buckets[bucket].fetch_add(1, Relaxed);
-        }
-        self.latency_count.fetch_add(1, Relaxed);
-        self.latency_sum_micros
-            .fetch_add(u64::try_from(latency.as_micros()).unwrap_or(u64::MAX), Relaxed);
+        self.latency.observe(latency);
+    }
+
+    /// One call of the shim's Redis functions took `latency`.
+    pub fn redis_call(&self, latency: Duration) {
+        self.redis_latency.observe(latency);
     }
 
     pub fn redis_error(&self, kind: &str) {
@@ -227,19 +258,15 @@ impl Metrics {
             "histogram",
             "Time to answer a check request, from its arrival.",
         );
-        let mut cumulative = 0;
-        for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
-            cumulative += self.latency_buckets[i].load(Relaxed);
-            let _ = writeln!(
-                out,
-                "rlshim_check_duration_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
-            );
-        }
-        let count = self.latency_count.load(Relaxed);
-        let _ = writeln!(out, "rlshim_check_duration_seconds_bucket{{le=\"+Inf\"}} {count}");
-        let sum = self.latency_sum_micros.load(Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "rlshim_check_duration_seconds_sum {sum}");
-        let _ = writeln!(out, "rlshim_check_duration_seconds_count {count}");
+        self.latency.render(&mut out, "rlshim_check_duration_seconds");
+        header(
+            &mut out,
+            "rlshim_redis_call_duration_seconds",
+            "histogram",
+            "Time for one call of the shim's Redis functions (a batch's checks in one slot, or its refunds), from sending it to its answer.",
+        );
+        self.redis_latency
+            .render(&mut out, "rlshim_redis_call_duration_seconds");
         header(
             &mut out,
             "rlshim_redis_errors_total",
@@ -323,6 +350,7 @@ mod tests {
         metrics.request(RequestOutcome::Allowed, Duration::from_micros(300));
         metrics.request(RequestOutcome::Denied, Duration::from_millis(3));
         metrics.request(RequestOutcome::Denied, Duration::from_secs(9));
+        metrics.redis_call(Duration::from_micros(80));
         let guard = metrics.in_flight();
         let text = metrics.render();
         assert!(
@@ -343,6 +371,14 @@ mod tests {
         );
         assert!(
             text.contains("rlshim_requests_total{outcome=\"denied\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rlshim_redis_call_duration_seconds_bucket{le=\"0.0001\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rlshim_redis_call_duration_seconds_count 1\n"),
             "{text}"
         );
         assert!(text.contains("rlshim_in_flight 1\n"), "{text}");

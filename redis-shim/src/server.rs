@@ -12,7 +12,7 @@ use crate::admin;
 use crate::config::ShimConfig;
 use crate::connections::{ConnectionGuard, Connections};
 use crate::handlers::{self, Shim};
-use crate::metrics::ConnectionClose;
+use crate::metrics::{ConnectionClose, Metrics};
 use crate::store::RedisStore;
 use axum::routing::{get, post};
 use axum::Router;
@@ -42,8 +42,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     config.validate()?;
-    let store = RedisStore::connect(&config.redis)?;
-    let shim = Arc::new(Shim::new(store, config));
+    let metrics = Arc::new(Metrics::default());
+    let store = RedisStore::connect(&config.redis, metrics.clone())?;
+    let shim = Arc::new(Shim::new(store, config, metrics));
     // The handlers read their bodies themselves, within the limits, after the token.
     let app = Router::new()
         .route(CHECK_PATH, post(handlers::check))

@@ -8,6 +8,7 @@
 //! still coming up. Every operation is bounded by the Redis timeout, whatever the
 //! client library does.
 
+use crate::metrics::Metrics;
 use crate::scripts::{
     check_batch_call, check_call, parse_batch_reply, parse_rows, refund_call, Charge, FunctionCall, Library,
     Mode, RequestChecks, RequestRows, Row,
@@ -21,7 +22,7 @@ use redis::io::tcp::TcpSettings;
 use redis::{FromRedisValue, IntoConnectionInfo, RedisError};
 use std::fmt;
 use std::future::Future;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 /// The operations a decision needs from the counters' store: the functions of
@@ -90,6 +91,8 @@ struct Current {
 /// A handle on the counters' Redis.
 pub struct RedisStore {
     config: RedisConfig,
+    /// Times each function call.
+    metrics: Arc<Metrics>,
     library: Library,
     // Held only to clone the connection or swap it, never across a Redis call.
     current: RwLock<Current>,
@@ -149,9 +152,10 @@ impl std::error::Error for StoreError {}
 impl RedisStore {
     /// A lazily connecting store; fails only on a configuration the client refuses (a
     /// malformed URL, say).
-    pub fn connect(config: &RedisConfig) -> Result<RedisStore, RedisError> {
+    pub fn connect(config: &RedisConfig, metrics: Arc<Metrics>) -> Result<RedisStore, RedisError> {
         Ok(RedisStore {
             config: config.clone(),
+            metrics,
             library: Library::new(),
             current: RwLock::new(Current {
                 connection: open(config)?,
@@ -252,6 +256,7 @@ impl RedisStore {
                 reply = self.run_once(call, left).await;
             }
         }
+        self.metrics.redis_call(started.elapsed());
         reply
     }
 
