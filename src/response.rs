@@ -154,11 +154,7 @@ fn policy_window_seconds(check: &Check, now_unix_ms: u64) -> u64 {
 /// How a refusal names the rule's window: "per 60000 ms", "per month (UTC+05:30)".
 fn per_window(check: &Check) -> String {
     match check.calendar {
-        Some(calendar) => format!(
-            "per {} (UTC{})",
-            calendar.unit.as_str(),
-            UtcOffset(calendar.offset_minutes)
-        ),
+        Some(calendar) => format!("per {calendar}"),
         None => format!("per {} ms", check.period_ms),
     }
 }

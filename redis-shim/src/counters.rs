@@ -15,7 +15,6 @@ use ratelimit_wasm::config::{FilterConfig, Rule, Scope};
 use ratelimit_wasm::keys::{part_value, KeyPart};
 use ratelimit_wasm::local::DENY_RECHECK_MS;
 use ratelimit_wasm::plan::{plan, tier_for, PlannedCheck};
-use ratelimit_wire::calendar::UtcOffset;
 use ratelimit_wire::{Check, CheckRequest, CheckResult, TOKEN_HEADER};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -280,15 +279,11 @@ fn period(ms: u64) -> String {
     format!("{ms}ms")
 }
 
-/// The window a check counts over: its period, or its calendar (`month(UTC+05:30)`),
+/// The window a check counts over: its period, or its calendar (`month (UTC+05:30)`),
 /// whose period is only the unit's longest window.
 fn window(check: &Check) -> String {
     match check.calendar {
-        Some(calendar) => format!(
-            "{}(UTC{})",
-            calendar.unit.as_str(),
-            UtcOffset(calendar.offset_minutes)
-        ),
+        Some(calendar) => calendar.to_string(),
         None => period(check.period_ms),
     }
 }
@@ -505,7 +500,7 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(windows, ["month(UTC+05:30)", "1m"]);
+        assert_eq!(windows, ["month (UTC+05:30)", "1m"]);
     }
 
     #[test]

@@ -58,6 +58,18 @@ pub struct CalendarWindow {
     pub offset_minutes: i32,
 }
 
+/// How a refusal and `redis-shim counters show` name the window: `month (UTC+05:30)`.
+impl fmt::Display for CalendarWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (UTC{})",
+            self.unit.as_str(),
+            UtcOffset(self.offset_minutes)
+        )
+    }
+}
+
 impl CalendarWindow {
     /// Whether the offset is one in use: `-12:00..=+14:00`.
     pub fn offset_in_bounds(self) -> bool {
