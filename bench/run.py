@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -139,7 +140,10 @@ EXPERIMENTS = [
     # The price of a host call: the pass-through filter making 8 of one kind per request.
     *[(f"probe_{kind}8", f"pass-through + 8 host calls: {kind}",
        [wasm_filter("passthrough", PASSTHROUGH_WASM, f"{kind}:8")])
-      for kind in ("time", "header", "shared", "set", "metric", "add_header")],
+      for kind in ("time", "header", "headers", "shared", "set", "metric", "add_header")],
+    # A local rule's host calls and nothing else: the floor of the local path.
+    ("probe_floor", "pass-through + a local rule's host calls (headers, clock, shared read + CAS write, "
+                    "counter, 3 response headers)", [wasm_filter("passthrough", PASSTHROUGH_WASM, "floor:1")]),
     ("probe_pause", "pass-through, paused and resumed by the root",
      [wasm_filter("passthrough", PASSTHROUGH_WASM, "pause:1")]),
     ("probe_call", "pass-through, paused, one call to the shim's /healthz per batch, resumed",
@@ -772,6 +776,91 @@ def profile(args, config):
     print(f"bench: perf reports in bench/out/perf-{name}-*.txt")
 
 
+# --------------------------------------------------------------------------- paired
+
+def paired(args):
+    """Envoy CPU per request of several configurations served by ONE Envoy, one listener
+    each, in short alternating closed-loop phases: the machine's drift, which moves whole
+    runs by 20-50% here, hits every configuration of a cycle alike. Added cost = the
+    configuration's CPU per request minus the baseline's of the same cycle."""
+    names = ["baseline"] + [n for n in args.paired.split(",") if n != "baseline"]
+    chosen = {n: f for n, _, f in CONFIGS + EXPERIMENTS if n in names}
+    unknown = [n for n in names if n not in chosen or n.endswith("_cluster") or n == SHIM_HOP]
+    if unknown:
+        sys.exit(f"bench: --paired takes direct-response rows only; not {', '.join(unknown)}")
+    OUT.mkdir(parents=True, exist_ok=True)
+    procs = Processes()
+    try:
+        redis = Redis(procs)
+        shim = Shim(procs, redis.port, args.shim_workers)
+        ports = {n: free_port() for n in names}
+        admin = free_port()
+        config = envoy_config(0, admin, shim.port, [], "")
+        template = config["static_resources"]["listeners"][0]
+        listeners = []
+        for n in names:
+            listener = json.loads(json.dumps(template))
+            listener["name"] = n
+            listener["address"] = address(ports[n])
+            hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+            hcm["stat_prefix"] = n
+            filters = json.loads(json.dumps(chosen[n]))
+            for f in filters:
+                vm = f.get("typed_config", {}).get("config", {}).get("vm_config")
+                if vm is not None:
+                    vm["vm_id"] = n  # a VM each: no shared data or queue between configurations
+            hcm["http_filters"] = filters + hcm["http_filters"]
+            listeners.append(listener)
+        config["static_resources"]["listeners"] = listeners
+        path = OUT / "envoy-paired.json"
+        path.write_text(json.dumps(config, indent=1))
+        log = OUT / "envoy-paired.log"
+        envoy = procs.start([ENVOY_BIN, "-c", str(path.relative_to(ROOT)), "--concurrency", "1",
+                             "--use-dynamic-base-id", "--log-level", "warn"], log, core=ENVOY_CORE)
+        if not wait_until("Envoy (paired)", lambda: http_get(f"http://127.0.0.1:{admin}/ready").strip() == "LIVE",
+                          30, envoy):
+            sys.exit(f"bench: Envoy did not start; see {log}")
+        headers = [f"x-api-key: {API_KEY}"]
+        for n in names:
+            wrk(f"http://127.0.0.1:{ports[n]}/", 1, headers=headers)  # warm-up: JIT, connections
+        cycles, throughput = [], {}
+        for cycle in range(args.cycles):
+            order = names[cycle % len(names):] + names[:cycle % len(names)]
+            per_request = {}
+            for n in order:
+                before = cpu_ns(envoy.pid)
+                served = wrk(f"http://127.0.0.1:{ports[n]}/", args.phase, headers=headers)
+                per_request[n] = (cpu_ns(envoy.pid) - before) / 1000 / served["requests"]
+                throughput.setdefault(n, []).append(served["rps"])
+            cycles.append(per_request)
+            print(f"  cycle {cycle + 1}: " + "  ".join(f"{n} {per_request[n]:.1f}" for n in names), flush=True)
+    finally:
+        procs.stop_all()
+    median = statistics.median
+    added = {n: [c[n] - c["baseline"] for c in cycles] for n in names[1:]}
+    lines = [f"One Envoy, a listener per configuration, {args.cycles} cycles of {args.phase} s closed-loop "
+             "phases in rotating order (Envoy µs CPU per request; added = minus the baseline of the same cycle):",
+             "", "| configuration | µs/req, median | added µs/req, median (min–max) | × baseline req/s, median |",
+             "|---|---|---|---|", f"| baseline | {median([c['baseline'] for c in cycles]):.1f} | – | 1.00 |"]
+    share = {n: [r / b for r, b in zip(throughput[n], throughput["baseline"]) if b] for n in names[1:]}
+    for n in names[1:]:
+        lines.append(f"| {n} | {median([c[n] for c in cycles]):.1f} | {median(added[n]):.1f} "
+                     f"({min(added[n]):.1f}–{max(added[n]):.1f}) | {median(share[n]):.2f} |")
+    lines.append("")
+    for reference, label in (("wasm_passthrough", "the pass-through's"), ("probe_floor", "the floor probe's")):
+        if reference not in added:
+            continue
+        for n in names[1:]:
+            if n not in (reference, "wasm_passthrough"):
+                ratios = [a / f for a, f in zip(added[n], added[reference]) if f > 0]
+                lines.append(f"- {n}: added cost / {label}, per cycle: median {median(ratios):.2f} "
+                             f"(of {len(ratios)} cycles; ratio of medians "
+                             f"{median(added[n]) / median(added[reference]):.2f})")
+    text = "\n".join(lines)
+    (OUT / "paired.md").write_text(text + "\n")
+    print(text)
+
+
 # --------------------------------------------------------------------------- where the time goes
 
 def envoy_histograms(envoy, names):
@@ -988,6 +1077,11 @@ def main():
     parser.add_argument("--shim-workers", type=int, help="TOKIO_WORKER_THREADS for the shim (default: one per core)")
     parser.add_argument("--failover", action="store_true",
                         help="instead of the sweep: kill a Redis Cluster master under traffic (see failover())")
+    parser.add_argument("--paired", metavar="NAME,...",
+                        help="instead of the sweep: Envoy CPU per request of these rows against the baseline, "
+                             "one Envoy, alternating short phases (see paired())")
+    parser.add_argument("--cycles", type=int, default=10, help="--paired: cycles")
+    parser.add_argument("--phase", type=int, default=1, help="--paired: seconds per phase")
     parser.add_argument("--where", action="store_true",
                         help="instead of the sweep: where an exact check's time goes at --rate (see where_time_goes())")
     parser.add_argument("--profile", metavar="NAME",
@@ -1017,6 +1111,8 @@ def main():
         return failover(args)
     if args.where:
         return where_time_goes(args)
+    if args.paired:
+        return paired(args)
     if args.profile:
         return profile(args, next(c for c in CONFIGS + EXPERIMENTS if c[0] == args.profile))
     procs = Processes()

@@ -60,6 +60,8 @@ enum Probe {
     None,
     Time(u32),
     Header(u32),
+    /// The whole request header map, as the filter reads it.
+    Headers(u32),
     Shared(u32),
     Set(u32),
     Metric(u32, u32),
@@ -67,6 +69,10 @@ enum Probe {
     /// The wake-up queue's id.
     Pause(u32),
     Call(u32),
+    /// The host calls a local rule cannot do without, and nothing else: the request's
+    /// header map, the clock, its bucket's shared-data read and CAS write and a counter;
+    /// on the response, three rate-limit headers. The metric's id.
+    Floor(u32),
 }
 
 impl Probe {
@@ -79,6 +85,17 @@ impl Probe {
             Probe::Header(n) => (0..n).for_each(|_| {
                 let _ = hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, "x-api-key");
             }),
+            Probe::Headers(n) => (0..n).for_each(|_| {
+                let _ = hostcalls::get_map_bytes(MapType::HttpRequestHeaders);
+            }),
+            Probe::Floor(id) => {
+                let _ = hostcalls::get_map_bytes(MapType::HttpRequestHeaders);
+                let _ = hostcalls::get_current_time();
+                if let Ok((Some(bucket), cas)) = hostcalls::get_shared_data("bench.probe") {
+                    let _ = hostcalls::set_shared_data("bench.probe", Some(&bucket), cas);
+                }
+                let _ = hostcalls::increment_metric(id, 1);
+            }
             Probe::Shared(n) => (0..n).for_each(|_| {
                 let _ = hostcalls::get_shared_data("bench.probe");
             }),
@@ -93,11 +110,14 @@ impl Probe {
     }
 
     fn run_on_response(self) {
-        if let Probe::AddHeader(n) = self {
-            (0..n).for_each(|i| {
-                let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, "x-probe", &i.to_string());
-            });
-        }
+        let n = match self {
+            Probe::AddHeader(n) => n,
+            Probe::Floor(_) => 3,
+            _ => 0,
+        };
+        (0..n).for_each(|i| {
+            let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, "x-probe", &i.to_string());
+        });
     }
 }
 
@@ -137,6 +157,14 @@ impl RootContext for Root {
         let probe = match kind {
             "time" => Probe::Time(n),
             "header" => Probe::Header(n),
+            "headers" => Probe::Headers(n),
+            "floor" => {
+                let _ = hostcalls::set_shared_data("bench.probe", Some(&[0u8; 40]), None);
+                match hostcalls::define_metric(MetricType::Counter, "bench.probe") {
+                    Ok(id) => Probe::Floor(id),
+                    Err(_) => return false,
+                }
+            }
             "shared" => {
                 let _ = hostcalls::set_shared_data("bench.probe", Some(&[0u8; 40]), None);
                 Probe::Shared(n)
