@@ -399,6 +399,20 @@ fn shared_token_is_required_when_configured() {
 }
 
 #[test]
+fn a_redis_without_functions_is_named_in_the_error() {
+    // FCALL renamed away: what a Redis older than 7.0 answers to it.
+    let redis = Redis::start_with(&["--rename-command", "FCALL", "fcall-hidden"], None);
+    let shim = Shim::start(&redis.url(), &[]);
+    let reply = post(
+        &shim.url("/v1/check"),
+        &[],
+        &checks_body(&[check_of("k", "token_bucket", 5, 60_000)]),
+    );
+    assert_eq!(reply.status, 503, "{reply:?}");
+    assert!(reply.body.contains("Redis 7.0 or later is required"), "{reply:?}");
+}
+
+#[test]
 fn redis_auth_from_the_url() {
     let redis = Redis::start_with(&["--requirepass", "hunter2"], Some("hunter2"));
     let good = Shim::start(&format!("redis://:hunter2@127.0.0.1:{}", redis.port), &[]);

@@ -50,21 +50,19 @@ pub struct Library {
 
 impl Library {
     pub fn new() -> Library {
-        let drivers: String = DRIVERS.iter().map(|(_, driver)| *driver).collect();
-        // Twelve hex digits of the SHA-1 of the code (redis::Script computes it).
-        let hash = redis::Script::new(&(SHARED_SOURCE.to_string() + &drivers))
-            .get_hash()
-            .to_string();
-        let name = format!("ratelimit_{}", &hash[..12]);
-        let mut source = format!("#!lua name={name}\nlocal KEYS, ARGV\n{SHARED_SOURCE}");
+        const NAME: &str = "__LIBRARY__";
+        let mut template = format!("#!lua name={NAME}\nlocal KEYS, ARGV\n{SHARED_SOURCE}");
         for (driver, code) in DRIVERS {
             // The drivers read the call's keys and arguments as EVAL's globals.
-            source.push_str(&format!(
-                "\nredis.register_function('{name}_{driver}', function(keys, args)\n  KEYS, ARGV = keys, args\n{code}\nend)\n"
+            template.push_str(&format!(
+                "\nredis.register_function('{NAME}_{driver}', function(keys, args)\n  KEYS, ARGV = keys, args\n{code}\nend)\n"
             ));
         }
+        // Twelve hex digits of the SHA-1 of the whole text (redis::Script computes it).
+        let hash = redis::Script::new(&template).get_hash().to_string();
+        let name = format!("ratelimit_{}", &hash[..12]);
         Library {
-            source,
+            source: template.replace(NAME, &name),
             check: format!("{name}_check"),
             check_batch: format!("{name}_check_batch"),
             refund: format!("{name}_refund"),
