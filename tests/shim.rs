@@ -413,6 +413,36 @@ fn a_redis_without_functions_is_named_in_the_error() {
 }
 
 #[test]
+fn a_redis_user_limited_as_docs_shim_md_says_runs_every_algorithm() {
+    // The ACL that docs/SHIM.md gives for the shim's user: its functions and the commands
+    // they run, on its keys only.
+    let redis = Redis::start_with(
+        &[
+            "--user",
+            "shim",
+            "on",
+            ">s3cret",
+            "~rl:*",
+            "+@scripting",
+            "+@read",
+            "+@write",
+            "+time",
+            "+ping",
+        ],
+        None,
+    );
+    let shim = Shim::start(&format!("redis://shim:s3cret@127.0.0.1:{}", redis.port), &[]);
+    assert_eq!(get(&shim.url("/readyz"), &[]).status, 200);
+    for algorithm in ALGORITHMS {
+        let answer = decide_one(
+            &shim,
+            &check_of(&format!("acl-{algorithm}"), algorithm, 5, 60_000),
+        );
+        assert_eq!(answer["allowed"], true, "{algorithm}: {answer}");
+    }
+}
+
+#[test]
 fn redis_auth_from_the_url() {
     let redis = Redis::start_with(&["--requirepass", "hunter2"], Some("hunter2"));
     let good = Shim::start(&format!("redis://:hunter2@127.0.0.1:{}", redis.port), &[]);
