@@ -266,7 +266,7 @@ impl RedisStore {
         timeout: Duration,
     ) -> Result<T, StoreError> {
         let (connection, generation) = self.connection();
-        match connection {
+        let reply = match connection {
             Connection::Standalone(mut manager) => {
                 self.bounded(generation, timeout, self.call_loading(call, &mut manager))
                     .await
@@ -275,6 +275,14 @@ impl RedisStore {
                 self.bounded(generation, timeout, self.call_loading(call, &mut cluster))
                     .await
             }
+        };
+        match reply {
+            Err(StoreError::Redis(e)) if error_detail_starts(&e, "unknown command") => {
+                Err(StoreError::Unsupported(format!(
+                    "Redis 7.0 or later is required (the shim runs Redis functions): {e}"
+                )))
+            }
+            reply => reply,
         }
     }
 
@@ -370,11 +378,6 @@ impl RedisStore {
             Ok(Ok(value)) => {
                 self.mark_answered(generation);
                 return Ok(value);
-            }
-            Ok(Err(e)) if error_detail_starts(&e, "unknown command") => {
-                return Err(StoreError::Unsupported(format!(
-                    "Redis 7.0 or later is required (the shim runs Redis functions): {e}"
-                )))
             }
             Ok(Err(e)) if !e.is_timeout() => return Err(StoreError::Redis(e)),
             Ok(Err(_)) | Err(_) => StoreError::Timeout,
