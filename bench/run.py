@@ -822,16 +822,19 @@ def paired(args):
             sys.exit(f"bench: Envoy did not start; see {log}")
         headers = [f"x-api-key: {API_KEY}"]
         for n in names:
-            wrk(f"http://127.0.0.1:{ports[n]}/", 1, headers=headers)  # warm-up: JIT, connections
-        cycles, throughput = [], {}
+            wrk(f"http://127.0.0.1:{ports[n]}/", 1, args.connections, headers)  # warm-up: JIT, connections
+        cycles, throughput, busy = [], {}, {}
         for cycle in range(args.cycles):
             order = names[cycle % len(names):] + names[:cycle % len(names)]
             per_request = {}
             for n in order:
-                before = cpu_ns(envoy.pid)
-                served = wrk(f"http://127.0.0.1:{ports[n]}/", args.phase, headers=headers)
-                per_request[n] = (cpu_ns(envoy.pid) - before) / 1000 / served["requests"]
+                before, started = cpu_ns(envoy.pid), time.monotonic()
+                served = wrk(f"http://127.0.0.1:{ports[n]}/", args.phase, args.connections, headers)
+                used_ns = cpu_ns(envoy.pid) - before
+                per_request[n] = used_ns / 1000 / served["requests"]
                 throughput.setdefault(n, []).append(served["rps"])
+                # Whether the phase was bound by Envoy's core (near 1.0) or by the round trip.
+                busy.setdefault(n, []).append(used_ns / 1e9 / (time.monotonic() - started))
             cycles.append(per_request)
             print(f"  cycle {cycle + 1}: " + "  ".join(f"{n} {per_request[n]:.1f}" for n in names), flush=True)
     finally:
@@ -839,13 +842,16 @@ def paired(args):
     median = statistics.median
     added = {n: [c[n] - c["baseline"] for c in cycles] for n in names[1:]}
     lines = [f"One Envoy, a listener per configuration, {args.cycles} cycles of {args.phase} s closed-loop "
-             "phases in rotating order (Envoy µs CPU per request; added = minus the baseline of the same cycle):",
-             "", "| configuration | µs/req, median | added µs/req, median (min–max) | × baseline req/s, median |",
-             "|---|---|---|---|", f"| baseline | {median([c['baseline'] for c in cycles]):.1f} | – | 1.00 |"]
+             f"phases ({args.connections} connections) in rotating order (Envoy µs CPU per request; added = minus "
+             "the baseline of the same cycle; Envoy busy = its CPU seconds per second of the phase):",
+             "", "| configuration | µs/req, median | added µs/req, median (min–max) | × baseline req/s, median "
+             "| Envoy busy, median |",
+             "|---|---|---|---|---|", f"| baseline | {median([c['baseline'] for c in cycles]):.1f} | – | 1.00 "
+             f"| {median(busy['baseline']):.2f} |"]
     share = {n: [r / b for r, b in zip(throughput[n], throughput["baseline"]) if b] for n in names[1:]}
     for n in names[1:]:
         lines.append(f"| {n} | {median([c[n] for c in cycles]):.1f} | {median(added[n]):.1f} "
-                     f"({min(added[n]):.1f}–{max(added[n]):.1f}) | {median(share[n]):.2f} |")
+                     f"({min(added[n]):.1f}–{max(added[n]):.1f}) | {median(share[n]):.2f} | {median(busy[n]):.2f} |")
     lines.append("")
     for reference, label in (("wasm_passthrough", "the pass-through's"), ("probe_floor", "the floor probe's")):
         if reference not in added:
@@ -1082,6 +1088,8 @@ def main():
                              "one Envoy, alternating short phases (see paired())")
     parser.add_argument("--cycles", type=int, default=10, help="--paired: cycles")
     parser.add_argument("--phase", type=int, default=1, help="--paired: seconds per phase")
+    parser.add_argument("--connections", type=int, default=32,
+                        help="--paired: wrk connections (32 as the sweep; more, until Envoy's core is saturated)")
     parser.add_argument("--where", action="store_true",
                         help="instead of the sweep: where an exact check's time goes at --rate (see where_time_goes())")
     parser.add_argument("--profile", metavar="NAME",

@@ -82,7 +82,7 @@ fn one_request(local: &LocalLayer<'_, Store>, now: u64, answer_body: &[u8]) -> u
         Start::AwaitLease(_) => unreachable!("one request at a time never waits for a lease"),
     };
     black_box(&started.events);
-    let body = batch_body(vec![checks], Vec::new()).unwrap();
+    let body = batch_body(vec![checks], Vec::new(), Vec::new()).unwrap();
     black_box(&body);
     // ... dispatch_http_call, the shim answers ...
     let mut answers = read_batch_answer(Some("200"), answer_body, 1).unwrap();
