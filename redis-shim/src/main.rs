@@ -8,6 +8,9 @@ use clap::Parser;
 use redis_shim::cli::{Args, Command, LogFormat};
 use redis_shim::run;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let args = Args::parse();
     if let Some(Command::Counters(command)) = &args.command {
