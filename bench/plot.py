@@ -26,6 +26,7 @@ LABELS = {
     "rl_global": "ratelimit-wasm exact global",
     "rl_global_before": "exact global, before batching",
     "rl_global_h1": "exact global, HTTP/1.1 to shim",
+    "rl_global_h2": "exact global, HTTP/2 to shim",
     "baseline_cluster": "no filter, route to a cluster",
     "rl_global_cluster": "exact global, route to a cluster",
     "rl_global_3_masters": "exact global, Redis Cluster (3 masters)",

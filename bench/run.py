@@ -130,8 +130,8 @@ CONFIGS = [
 # Variants for the profile-and-improve step (`--only NAME,...`): same rules, one thing
 # changed in the deployment, not in the code.
 EXPERIMENTS = [
-    ("rl_global_h1", "exact global, HTTP/1.1 to the shim", ratelimit({})),
-    ("rl_global_h1_cluster", "exact global, HTTP/1.1 to the shim, route to a cluster", ratelimit({})),
+    ("rl_global_h2", "exact global, HTTP/2 to the shim", ratelimit({})),
+    ("rl_global_h2_cluster", "exact global, HTTP/2 to the shim, route to a cluster", ratelimit({})),
     ("rl_global_noheaders", "exact global, no rate-limit headers", ratelimit({}, response={"headers": "none"})),
     ("rl_local_noheaders", "ratelimit-wasm local, no rate-limit headers",
      ratelimit({"scope": "local"}, response={"headers": "none"})),
@@ -152,15 +152,15 @@ EXPERIMENTS = [
 CLUSTER_ROW = "rl_global_3_masters"  # not "_cluster": that suffix means the route-to-a-cluster topology
 CLUSTER_ROW_DESCRIPTION = "exact global, Redis Cluster (3 masters)"
 
-# Rows that change the shipped shim cluster's protocol to HTTP/1.1.
-H1_TO_SHIM = {"rl_global_h1", "rl_global_h1_cluster"}
+# Rows that change the shipped shim cluster's protocol (HTTP/1.1) to HTTP/2.
+H2_TO_SHIM = {"rl_global_h2", "rl_global_h2_cluster"}
 
 
 def address(port):
     return {"socket_address": {"address": "127.0.0.1", "port_value": port}}
 
 
-def shipped_shim_cluster(shim_port, http1=False):
+def shipped_shim_cluster(shim_port, http2=False):
     """The shim's cluster exactly as the shipped envoy.yaml defines it (protocol, timeouts,
     connection options), pointed at this run's shim."""
     import yaml  # bench/bench.sh runs this script from bench/.venv, which has PyYAML
@@ -168,8 +168,9 @@ def shipped_shim_cluster(shim_port, http1=False):
     cluster = next(c for c in shipped["static_resources"]["clusters"] if c["name"] == "ratelimit_shim")
     cluster["load_assignment"] = {"cluster_name": "ratelimit_shim",
                                   "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address(shim_port)}}]}]}
-    if http1:
-        cluster.pop("typed_extension_protocol_options", None)
+    if http2:
+        options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        options["explicit_http_config"] = {"http2_protocol_options": {}}
     return cluster
 
 
@@ -203,7 +204,7 @@ def envoy_config(port, admin_port, shim_port, filters, name=""):
                     },
                 }]}],
             }],
-            "clusters": [shipped_shim_cluster(shim_port, http1=name in H1_TO_SHIM), upstream],
+            "clusters": [shipped_shim_cluster(shim_port, http2=name in H2_TO_SHIM), upstream],
         },
         "admin": {"address": address(admin_port)},
     }
@@ -867,6 +868,53 @@ def paired(args):
     print(text)
 
 
+def alternating_latency(args):
+    """Latency at --rate of several rows, each its own Envoy (all started at once, pinned to
+    the same core, idle when not measured), in short fixed-rate phases rotating through
+    them: a row's added p50 and p99 are taken against the baseline of the same cycle."""
+    names = ["baseline"] + [n for n in args.alternate.split(",") if n != "baseline"]
+    chosen = {n: f for n, _, f in CONFIGS + EXPERIMENTS if n in names}
+    unknown = [n for n in names if n not in chosen]
+    if unknown:
+        sys.exit(f"bench: --alternate: unknown rows {', '.join(unknown)}")
+    OUT.mkdir(parents=True, exist_ok=True)
+    procs = Processes()
+    latencies = {n: [] for n in names}
+    try:
+        redis = Redis(procs)
+        shim = Shim(procs, redis.port, args.shim_workers)
+        envoys = {n: Envoy(procs, n, chosen[n], shim.port) for n in names}
+        for n, envoy in envoys.items():
+            if not envoy.ready:
+                sys.exit(f"bench: {n}: {envoy.why_not_ready()}")
+        headers = [f"x-api-key: {API_KEY}"]
+        url = lambda n: f"http://127.0.0.1:{envoys[n].port}/"
+        for n in names:
+            oha_fixed_rate(url(n), 1, args.rate, headers=headers)  # warm-up at the same rate
+        for cycle in range(args.cycles):
+            for n in names[cycle % len(names):] + names[:cycle % len(names)]:
+                latencies[n].append(oha_fixed_rate(url(n), args.phase, args.rate, headers=headers)["latency_ms"])
+            print(f"  cycle {cycle + 1}: " + "  ".join(
+                f"{n} {latencies[n][-1]['p50']:.3f}/{latencies[n][-1]['p99']:.3f}" for n in names), flush=True)
+    finally:
+        procs.stop_all()
+    median = statistics.median
+    lines = [f"{len(names)} Envoys, {args.cycles} cycles of {args.phase} s at {args.rate} req/s in rotating order "
+             "(ms; added = minus the baseline of the same cycle):", "",
+             "| configuration | p50, median | added p50, median (min–max) | p99, median | added p99, median (min–max) |",
+             "|---|---|---|---|---|"]
+    for n in names:
+        p50 = [c["p50"] for c in latencies[n]]
+        p99 = [c["p99"] for c in latencies[n]]
+        a50 = [c["p50"] - b["p50"] for c, b in zip(latencies[n], latencies["baseline"])]
+        a99 = [c["p99"] - b["p99"] for c, b in zip(latencies[n], latencies["baseline"])]
+        lines.append(f"| {n} | {median(p50):.3f} | {median(a50):.3f} ({min(a50):.3f}–{max(a50):.3f}) "
+                     f"| {median(p99):.3f} | {median(a99):.3f} ({min(a99):.3f}–{max(a99):.3f}) |")
+    text = "\n".join(lines)
+    (OUT / "alternate.md").write_text(text + "\n")
+    print(text)
+
+
 # --------------------------------------------------------------------------- where the time goes
 
 def envoy_histograms(envoy, names):
@@ -923,7 +971,7 @@ def where_time_goes(args):
         oha_fixed_rate(url, 1, args.rate)
         base = oha_fixed_rate(url, args.duration, args.rate)
         baseline.stop()
-        name, _, filters = next(c for c in CONFIGS if c[0] == "rl_global")
+        name, _, filters = next(c for c in CONFIGS + EXPERIMENTS if c[0] == args.where)
         envoy = Envoy(procs, name, filters, shim.port)
         if not envoy.ready:
             sys.exit(f"bench: {name}: {envoy.why_not_ready()}")
@@ -961,7 +1009,7 @@ def where_time_goes(args):
         s_ = summary[key]
         rows.append((label, f"≤ {f(s_['p50_at_most'])}", "", "", f(s_["mean"])))
     rows.append(("Redis running the function (INFO commandstats), µs", "", "", "", f(redis_us, "{:.1f}")))
-    lines = [f"One Envoy at {args.rate} req/s for {args.duration} s, exact global rule, shipped shim cluster "
+    lines = [f"One Envoy at {args.rate} req/s for {args.duration} s, row {name} "
              "(Envoy's histograms include the 1 s warm-up at the same rate; the shim's p50 is the bucket bound "
              "holding it):", "", "| | p50 | p90 | p99 | mean |", "|---|---|---|---|---|"]
     lines += [f"| {' | '.join(row)} |" for row in rows]
@@ -1086,12 +1134,16 @@ def main():
     parser.add_argument("--paired", metavar="NAME,...",
                         help="instead of the sweep: Envoy CPU per request of these rows against the baseline, "
                              "one Envoy, alternating short phases (see paired())")
-    parser.add_argument("--cycles", type=int, default=10, help="--paired: cycles")
-    parser.add_argument("--phase", type=int, default=1, help="--paired: seconds per phase")
+    parser.add_argument("--cycles", type=int, default=10, help="--paired, --alternate: cycles")
+    parser.add_argument("--phase", type=int, default=1, help="--paired, --alternate: seconds per phase")
     parser.add_argument("--connections", type=int, default=32,
                         help="--paired: wrk connections (32 as the sweep; more, until Envoy's core is saturated)")
-    parser.add_argument("--where", action="store_true",
-                        help="instead of the sweep: where an exact check's time goes at --rate (see where_time_goes())")
+    parser.add_argument("--where", nargs="?", const="rl_global", metavar="ROW",
+                        help="instead of the sweep: where an exact check's time goes at --rate (see where_time_goes()), "
+                             "in rl_global or another exact row (rl_global_h2)")
+    parser.add_argument("--alternate", metavar="NAME,...",
+                        help="instead of the sweep: latency at --rate of these rows, an Envoy each, in rotating "
+                             "--phase s phases for --cycles cycles (see alternating_latency())")
     parser.add_argument("--profile", metavar="NAME",
                         help="instead of the sweep: perf-record Envoy, the shim and Redis under closed-loop load")
     args = parser.parse_args()
@@ -1121,6 +1173,8 @@ def main():
         return where_time_goes(args)
     if args.paired:
         return paired(args)
+    if args.alternate:
+        return alternating_latency(args)
     if args.profile:
         return profile(args, next(c for c in CONFIGS + EXPERIMENTS if c[0] == args.profile))
     procs = Processes()

@@ -162,10 +162,10 @@ pub fn envoy_config_with_filters(shim_port: u16, plugin_config: &Value, filters_
                 "name": "ratelimit_shim",
                 "type": "STATIC",
                 "connect_timeout": "0.25s",
-                // As envoy.yaml: HTTP/2 cleartext to the shim.
+                // As envoy.yaml: HTTP/1.1 with keep-alive to the shim.
                 "typed_extension_protocol_options": { "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                     "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                    "explicit_http_config": { "http2_protocol_options": {} } } },
+                    "explicit_http_config": { "http_protocol_options": {} } } },
                 "load_assignment": { "cluster_name": "ratelimit_shim",
                     "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": loopback(shim_port) } }] }] }
             }]
