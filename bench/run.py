@@ -779,16 +779,35 @@ def profile(args, config):
 
 # --------------------------------------------------------------------------- paired
 
+def config_named(name):
+    """The configuration (name, description, filters) called `name`, or a clear exit."""
+    found = next((c for c in CONFIGS + EXPERIMENTS if c[0] == name), None)
+    if found is None:
+        sys.exit(f"bench: no configuration named {name}")
+    return found
+
+
+def rows_with_baseline(spec):
+    """`baseline`, then the comma-separated rows of `spec`; and each one's filters."""
+    names = ["baseline"] + [n for n in spec.split(",") if n != "baseline"]
+    return names, {n: config_named(n)[2] for n in names}
+
+
+def rotated(names, cycle):
+    """`names` in the order of this cycle: each row goes first in turn."""
+    first = cycle % len(names)
+    return names[first:] + names[:first]
+
+
 def paired(args):
     """Envoy CPU per request of several configurations served by ONE Envoy, one listener
     each, in short alternating closed-loop phases: the machine's drift, which moves whole
     runs by 20-50% here, hits every configuration of a cycle alike. Added cost = the
     configuration's CPU per request minus the baseline's of the same cycle."""
-    names = ["baseline"] + [n for n in args.paired.split(",") if n != "baseline"]
-    chosen = {n: f for n, _, f in CONFIGS + EXPERIMENTS if n in names}
-    unknown = [n for n in names if n not in chosen or n.endswith("_cluster") or n == SHIM_HOP]
-    if unknown:
-        sys.exit(f"bench: --paired takes direct-response rows only; not {', '.join(unknown)}")
+    names, chosen = rows_with_baseline(args.paired)
+    unfit = [n for n in names if n.endswith("_cluster") or n == SHIM_HOP]
+    if unfit:
+        sys.exit(f"bench: --paired takes direct-response rows only; not {', '.join(unfit)}")
     OUT.mkdir(parents=True, exist_ok=True)
     procs = Processes()
     try:
@@ -826,9 +845,8 @@ def paired(args):
             wrk(f"http://127.0.0.1:{ports[n]}/", 1, args.connections, headers)  # warm-up: JIT, connections
         cycles, throughput, busy = [], {}, {}
         for cycle in range(args.cycles):
-            order = names[cycle % len(names):] + names[:cycle % len(names)]
             per_request = {}
-            for n in order:
+            for n in rotated(names, cycle):
                 before, started = cpu_ns(envoy.pid), time.monotonic()
                 served = wrk(f"http://127.0.0.1:{ports[n]}/", args.phase, args.connections, headers)
                 used_ns = cpu_ns(envoy.pid) - before
@@ -872,11 +890,7 @@ def alternating_latency(args):
     """Latency at --rate of several rows, each its own Envoy (all started at once, pinned to
     the same core, idle when not measured), in short fixed-rate phases rotating through
     them: a row's added p50 and p99 are taken against the baseline of the same cycle."""
-    names = ["baseline"] + [n for n in args.alternate.split(",") if n != "baseline"]
-    chosen = {n: f for n, _, f in CONFIGS + EXPERIMENTS if n in names}
-    unknown = [n for n in names if n not in chosen]
-    if unknown:
-        sys.exit(f"bench: --alternate: unknown rows {', '.join(unknown)}")
+    names, chosen = rows_with_baseline(args.alternate)
     OUT.mkdir(parents=True, exist_ok=True)
     procs = Processes()
     latencies = {n: [] for n in names}
@@ -892,7 +906,7 @@ def alternating_latency(args):
         for n in names:
             oha_fixed_rate(url(n), 1, args.rate, headers=headers)  # warm-up at the same rate
         for cycle in range(args.cycles):
-            for n in names[cycle % len(names):] + names[:cycle % len(names)]:
+            for n in rotated(names, cycle):
                 latencies[n].append(oha_fixed_rate(url(n), args.phase, args.rate, headers=headers)["latency_ms"])
             print(f"  cycle {cycle + 1}: " + "  ".join(
                 f"{n} {latencies[n][-1]['p50']:.3f}/{latencies[n][-1]['p99']:.3f}" for n in names), flush=True)
@@ -959,8 +973,9 @@ def histogram_summary(before, after):
 
 
 def where_time_goes(args):
-    """One Envoy at --rate req/s on the exact global rule, timed along the path: queued in the
-    worker, the call's round trip, the shim's answer, its Redis call, Redis's own run."""
+    """One Envoy at --rate req/s on an exact row (--where ROW, rl_global by default), timed along
+    the path: queued in the worker, the call's round trip, the shim's answer, its Redis call,
+    Redis's own run."""
     OUT.mkdir(parents=True, exist_ok=True)
     procs = Processes()
     try:
@@ -971,7 +986,7 @@ def where_time_goes(args):
         oha_fixed_rate(url, 1, args.rate)
         base = oha_fixed_rate(url, args.duration, args.rate)
         baseline.stop()
-        name, _, filters = next(c for c in CONFIGS + EXPERIMENTS if c[0] == args.where)
+        name, _, filters = config_named(args.where)
         envoy = Envoy(procs, name, filters, shim.port)
         if not envoy.ready:
             sys.exit(f"bench: {name}: {envoy.why_not_ready()}")
@@ -1176,7 +1191,7 @@ def main():
     if args.alternate:
         return alternating_latency(args)
     if args.profile:
-        return profile(args, next(c for c in CONFIGS + EXPERIMENTS if c[0] == args.profile))
+        return profile(args, config_named(args.profile))
     procs = Processes()
     results = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args), "runs": [], "ceiling": [],
                "configs": [(n, d) for n, d, _ in CONFIGS + experiments] + [(CLUSTER_ROW, CLUSTER_ROW_DESCRIPTION)]}

@@ -26,6 +26,16 @@ thread_local! {
     static CALL: RefCell<Option<(u32, Vec<u32>)>> = const { RefCell::new(None) };
 }
 
+/// The shared-data value the `shared` and `floor` probes read.
+fn seed_shared_value() {
+    let _ = hostcalls::set_shared_data("bench.probe", Some(&[0u8; 40]), None);
+}
+
+/// The counter the `metric` and `floor` probes increment.
+fn define_probe_metric() -> Option<u32> {
+    hostcalls::define_metric(MetricType::Counter, "bench.probe").ok()
+}
+
 fn resume(contexts: Vec<u32>) {
     for context_id in contexts {
         if hostcalls::set_effective_context(context_id).is_ok() {
@@ -159,14 +169,14 @@ impl RootContext for Root {
             "header" => Probe::Header(n),
             "headers" => Probe::Headers(n),
             "floor" => {
-                let _ = hostcalls::set_shared_data("bench.probe", Some(&[0u8; 40]), None);
-                match hostcalls::define_metric(MetricType::Counter, "bench.probe") {
-                    Ok(id) => Probe::Floor(id),
-                    Err(_) => return false,
+                seed_shared_value();
+                match define_probe_metric() {
+                    Some(id) => Probe::Floor(id),
+                    None => return false,
                 }
             }
             "shared" => {
-                let _ = hostcalls::set_shared_data("bench.probe", Some(&[0u8; 40]), None);
+                seed_shared_value();
                 Probe::Shared(n)
             }
             "set" => Probe::Set(n),
@@ -179,9 +189,9 @@ impl RootContext for Root {
                 Err(_) => return false,
             },
             "add_header" => Probe::AddHeader(n),
-            "metric" => match hostcalls::define_metric(MetricType::Counter, "bench.probe") {
-                Ok(id) => Probe::Metric(n, id),
-                Err(_) => return false,
+            "metric" => match define_probe_metric() {
+                Some(id) => Probe::Metric(n, id),
+                None => return false,
             },
             _ => return false,
         };
