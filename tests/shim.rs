@@ -1,7 +1,7 @@
 //! The shim against real Redis: each algorithm's contract, the wire semantics shared by
 //! all of them (all or nothing, shadow checks, leases), concurrency, the function library
-//! loaded again when Redis forgets it,
-//! bad requests, the shared token, Redis AUTH, HTTP/2 cleartext and batches.
+//! loaded again when Redis forgets it, bad requests, the shared token, Redis AUTH, HTTP/2
+//! cleartext and batches.
 
 mod support;
 
