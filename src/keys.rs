@@ -273,6 +273,20 @@ mod tests {
         rule("same", key)
     }
 
+    // docs/CONFIG.md, "What happens to live counters": a renamed header keeps the
+    // counters, another kind of part starts new ones.
+    #[test]
+    fn a_part_is_keyed_by_its_kind_and_value_not_by_its_headers_name() {
+        let before = rule_with(vec![KeyPart::Header("x-api-key".into())]);
+        let renamed = rule_with(vec![KeyPart::Header("x-user".into())]);
+        let req = request(&[("x-api-key", "alice"), ("x-user", "alice")], Some("10.0.0.1:5"));
+        assert_eq!(key(&before, &req), key(&renamed, &req));
+        let by_ip = rule_with(vec![KeyPart::ClientIp]);
+        let both = rule_with(vec![KeyPart::Header("x-user".into()), KeyPart::ClientIp]);
+        assert_ne!(key(&before, &req), key(&by_ip, &req));
+        assert_ne!(key(&before, &req), key(&both, &req));
+    }
+
     #[test]
     fn same_client_under_two_rules_gets_two_counters() {
         let req = request(&[("x-api-key", "k")], None);

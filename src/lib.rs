@@ -12,7 +12,8 @@
 //!   ([`shim_call`], batched per worker by [`batch`]) to the [`response`] the client
 //!   gets, with the [`stats`] to count on the way, and what it gives back when its
 //!   stream ends ([`stream_end`]: the concurrency slots it holds); [`settlement`] charges
-//!   an admitted request's real cost once its response reports it;
+//!   an admitted request's real cost once its response reports it, read from a body by
+//!   [`response_body`];
 //! - [`wire`]: the filter-to-shim wire format, the `ratelimit-wire` crate shared with
 //!   `redis-shim`.
 //!
@@ -38,6 +39,7 @@ pub mod matching;
 pub mod plan;
 pub mod request;
 pub mod response;
+pub mod response_body;
 pub mod settlement;
 pub mod shim_call;
 pub mod stats;

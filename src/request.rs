@@ -192,10 +192,10 @@ impl RequestDecision {
                 let CheckState::Known(result) = *state else {
                     return None;
                 };
-                let source = item.rule.cost_from_response.clone()?;
+                let cost = item.rule.cost_from_response.clone()?;
                 (result.granted > 0).then(|| PendingSettlement {
                     rule_index: item.rule_index,
-                    source,
+                    cost,
                     settlement: Settlement {
                         key: item.check.key.clone(),
                         algorithm: item.check.algorithm,
@@ -497,7 +497,10 @@ mod tests {
             "only the rule reading its cost from the response"
         );
         assert_eq!(pending[0].rule_index, 0);
-        assert_eq!(pending[0].source, CostSource::Header("x-usage-tokens".into()));
+        assert_eq!(
+            pending[0].cost.source,
+            CostSource::Header("x-usage-tokens".into())
+        );
         let settlement = &pending[0].settlement;
         assert_eq!(
             (settlement.charged, settlement.stamp, settlement.limit),

@@ -1,44 +1,78 @@
 //! Settling an admitted request at its real cost, known only from its response
 //! (`cost_from_response`): the charges that wait for the response, the cost the response
-//! reports (a header, a trailer or a field of a JSON body) and the settlements sent to
-//! the shim when the stream ends. Pure: the host layer hands in what it reads.
+//! reports (a header, a trailer, or weighted numbers in a JSON or event-stream body read
+//! by [`crate::response_body`]) and the settlements sent to the shim when the stream
+//! ends. Pure: the host layer hands in what it reads.
 //!
 //! The admission charged the rule's `cost`, the estimate. The settlement charges the
-//! difference (the counter may go into debt) or gives it back; a response that reports
-//! no usable value leaves the estimate charged, counted as `cost_unreported`.
+//! difference (the counter may go into debt) or gives it back. A response that reports
+//! no usable value (the client went away first, the body was cut short or compressed,
+//! the worker's budget for reading bodies was spent) is charged the rule's
+//! `unreported_cost`, or what it did report if more, counted as `cost_unreported`.
 
-use crate::config::CostSource;
+use crate::config::{CostFromResponse, CostSource, UnreportedCost};
+use crate::response_body::json_scan::MAX_PATHS;
+use crate::response_body::{body_format, BodyReader};
 use crate::stats::{Count, Stat};
 use crate::wire::{Settlement, MAX_LIMIT};
-use serde_json::Value;
+use std::cell::Cell;
 
 /// One charge of an admitted request that its response settles.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingSettlement {
     /// Index into `FilterConfig::rules`, which names the rule's stats.
     pub rule_index: usize,
-    pub source: CostSource,
+    pub cost: CostFromResponse,
     /// The counter, the tokens charged and where; `actual` is filled in at the end.
     pub settlement: Settlement,
+}
+
+/// The bytes a worker may still lend to the readers of its response bodies: one budget
+/// for all its responses, so that what clients make the upstream send never decides
+/// the filter's memory.
+#[derive(Debug)]
+pub struct BodyBudget {
+    left: Cell<usize>,
+}
+
+impl BodyBudget {
+    pub fn new(bytes: usize) -> BodyBudget {
+        BodyBudget {
+            left: Cell::new(bytes),
+        }
+    }
+
+    fn take(&self, bytes: usize) -> bool {
+        let left = self.left.get();
+        let enough = left >= bytes;
+        if enough {
+            self.left.set(left - bytes);
+        }
+        enough
+    }
+
+    fn give_back(&self, bytes: usize) {
+        self.left.set(self.left.get().saturating_add(bytes));
+    }
+
+    pub fn left(&self) -> usize {
+        self.left.get()
+    }
 }
 
 /// What one response reports for its request's pending settlements.
 #[derive(Debug, Default)]
 pub struct ResponseCosts {
     pending: Vec<PendingSettlement>,
+    /// A header's or trailer's value, per pending charge.
     reported: Vec<Option<u64>>,
-    body: Option<BodyCapture>,
+    body: Option<BodyReader>,
+    /// The part of the worker's budget the body reader holds.
+    reserved: usize,
+    over_budget: bool,
 }
 
-/// The JSON body kept to read a cost from, up to its limit.
-#[derive(Debug)]
-struct BodyCapture {
-    bytes: Vec<u8>,
-    limit: usize,
-    overflowed: bool,
-}
-
-/// A reported cost: a decimal integer, capped at the largest limit (a settlement's debt
+/// A reported cost: a decimal integer, capped at the largest limit (a counter's debt
 /// is bounded again by the shim).
 pub fn parse_cost(text: &str) -> Option<u64> {
     let digits = text.trim();
@@ -52,31 +86,14 @@ pub fn parse_cost(text: &str) -> Option<u64> {
     )
 }
 
-/// The cost at `path` in a JSON document: a non-negative integer (or a whole number
-/// written as a float, or a string of digits).
-pub fn json_cost(document: &Value, path: &[String]) -> Option<u64> {
-    let value = path.iter().try_fold(document, |value, field| value.get(field))?;
-    match value {
-        Value::Number(number) => number.as_u64().map(|cost| cost.min(MAX_LIMIT)).or_else(|| {
-            let float = number.as_f64()?;
-            let whole = float.is_finite() && float >= 0.0 && float.fract() == 0.0;
-            // `as` saturates: a float past u64 reads as the cap.
-            whole.then(|| (float as u64).min(MAX_LIMIT))
-        }),
-        Value::String(text) => parse_cost(text),
-        _ => None,
-    }
-}
-
-/// Whether a response's `content-type` says JSON (`application/json`, or a `+json` type).
-pub fn is_json(content_type: &str) -> bool {
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+/// The cost a header or trailer reports: the largest usable value when it is repeated
+/// (or lists several), so that a second value never lowers the charge.
+pub fn field_cost(values: &[String]) -> Option<u64> {
+    values
+        .iter()
+        .flat_map(|value| value.split(','))
+        .filter_map(parse_cost)
+        .max()
 }
 
 impl ResponseCosts {
@@ -84,7 +101,7 @@ impl ResponseCosts {
         ResponseCosts {
             reported: vec![None; pending.len()],
             pending,
-            body: None,
+            ..ResponseCosts::default()
         }
     }
 
@@ -93,111 +110,160 @@ impl ResponseCosts {
         self.pending.is_empty()
     }
 
-    /// Reads the costs reported in the response headers (`header` looks one up), and
-    /// starts keeping a JSON body when a rule reads its cost there.
-    pub fn read_headers(&mut self, header: impl Fn(&str) -> Option<String>) {
-        let mut body_limit = 0;
+    /// Reads the costs reported in the response headers (`values` gives every value of
+    /// a header), and starts reading the body when a rule reads its cost there, if the
+    /// body is one that can be read and `budget` holds the reader.
+    pub fn read_headers(&mut self, values: impl Fn(&str) -> Vec<String>, budget: &BodyBudget) {
+        let mut paths: Vec<Vec<String>> = Vec::new();
         for (pending, reported) in self.pending.iter().zip(&mut self.reported) {
-            match &pending.source {
-                CostSource::Header(name) => *reported = header(name).as_deref().and_then(parse_cost),
-                CostSource::JsonField { max_body_bytes, .. } => body_limit = body_limit.max(*max_body_bytes),
+            match &pending.cost.source {
+                CostSource::Header(name) => *reported = field_cost(&values(name)),
+                CostSource::Body(fields) => {
+                    for field in fields {
+                        if !paths.contains(&field.path) && paths.len() < MAX_PATHS {
+                            paths.push(field.path.clone());
+                        }
+                    }
+                }
                 CostSource::Trailer(_) => {}
             }
         }
-        if body_limit > 0 && header("content-type").as_deref().is_some_and(is_json) {
-            self.body = Some(BodyCapture {
-                bytes: Vec::new(),
-                limit: body_limit,
-                overflowed: false,
-            });
+        if paths.is_empty() {
+            return;
+        }
+        let content_type = values("content-type");
+        let encoding = values("content-encoding").join(",");
+        let Ok(format) = body_format(content_type.first().map(String::as_str), Some(&encoding)) else {
+            return;
+        };
+        let reader = BodyReader::new(format, paths);
+        let footprint = reader.footprint();
+        if budget.take(footprint) {
+            self.reserved = footprint;
+            self.body = Some(reader);
+        } else {
+            self.over_budget = true;
         }
     }
 
     /// Reads the costs reported in the response trailers.
-    pub fn read_trailers(&mut self, trailer: impl Fn(&str) -> Option<String>) {
+    pub fn read_trailers(&mut self, values: impl Fn(&str) -> Vec<String>) {
         for (pending, reported) in self.pending.iter().zip(&mut self.reported) {
-            if let CostSource::Trailer(name) = &pending.source {
-                *reported = trailer(name).as_deref().and_then(parse_cost);
+            if let CostSource::Trailer(name) = &pending.cost.source {
+                *reported = field_cost(&values(name));
             }
         }
     }
 
-    /// Whether the body is being kept: the host reads each chunk only then.
+    /// Whether the body is being read: the host reads each chunk only then.
     pub fn wants_body(&self) -> bool {
-        self.body.as_ref().is_some_and(|body| !body.overflowed)
+        self.body.is_some()
     }
 
-    /// Keeps a chunk of the response body; a body past its limit is dropped whole (its
-    /// cost is then unreported), so memory stays bounded per request.
+    /// Reads a chunk of the response body; nothing of it is kept.
     pub fn add_body(&mut self, chunk: &[u8]) {
-        let Some(body) = self.body.as_mut() else {
-            return;
-        };
-        if body.overflowed {
-            return;
+        if let Some(body) = self.body.as_mut() {
+            body.feed(chunk);
         }
-        if body.bytes.len() + chunk.len() > body.limit {
-            body.overflowed = true;
-            body.bytes = Vec::new();
-            return;
-        }
-        body.bytes.extend_from_slice(chunk);
     }
 
     /// The stream ended (complete or not): each pending charge settled at the reported
-    /// cost, or left at the estimate when none was reported. The settlements to send
-    /// (none where the cost equals the estimate) and the stats to count.
-    pub fn finish(mut self) -> (Vec<Settlement>, Vec<Count>) {
-        let body = self
-            .body
-            .take()
-            .filter(|body| !body.overflowed && !body.bytes.is_empty());
-        let body_len = body.as_ref().map_or(0, |body| body.bytes.len());
-        let document: Option<Value> = body.and_then(|body| serde_json::from_slice(&body.bytes).ok());
+    /// cost, or at the rule's charge for an unreported one; the reader's bytes go back to
+    /// `budget`. The settlements to send (none where the cost equals the estimate) and
+    /// the stats to count.
+    pub fn finish(self, budget: &BodyBudget) -> (Vec<Settlement>, Vec<Count>) {
+        budget.give_back(self.reserved);
         let mut settlements = Vec::new();
         let mut counts = Vec::new();
         for (pending, reported) in self.pending.into_iter().zip(self.reported) {
-            let reported = match (&pending.source, &document) {
-                (CostSource::JsonField { path, max_body_bytes }, Some(document))
-                    if body_len <= *max_body_bytes =>
-                {
-                    json_cost(document, path)
-                }
-                _ => reported,
+            let (reported, partial) = match &pending.cost.source {
+                CostSource::Body(fields) => body_cost(self.body.as_ref(), fields),
+                _ => (reported, 0),
             };
-            let stat = match reported {
+            let actual = match reported {
                 Some(actual) => {
-                    if actual != pending.settlement.charged {
-                        settlements.push(Settlement {
-                            actual,
-                            ..pending.settlement
+                    counts.push(Count {
+                        rule_index: pending.rule_index,
+                        stat: Stat::CostSettled,
+                    });
+                    actual
+                }
+                None => {
+                    counts.push(Count {
+                        rule_index: pending.rule_index,
+                        stat: Stat::CostUnreported,
+                    });
+                    if self.over_budget && matches!(pending.cost.source, CostSource::Body(_)) {
+                        counts.push(Count {
+                            rule_index: pending.rule_index,
+                            stat: Stat::CostOverBudget,
                         });
                     }
-                    Stat::CostSettled
+                    let charge = match pending.cost.unreported {
+                        UnreportedCost::Estimate => pending.settlement.charged,
+                        UnreportedCost::Tokens(tokens) => tokens,
+                    };
+                    charge.max(partial)
                 }
-                None => Stat::CostUnreported,
             };
-            counts.push(Count {
-                rule_index: pending.rule_index,
-                stat,
-            });
+            if actual != pending.settlement.charged {
+                settlements.push(Settlement {
+                    actual,
+                    ..pending.settlement
+                });
+            }
         }
         (settlements, counts)
     }
 }
 
+/// A body's reported cost: the weighted sum when every field was found, and the sum of
+/// those found either way (an unreported response is charged at least that).
+fn body_cost(body: Option<&BodyReader>, fields: &[crate::config::CostField]) -> (Option<u64>, u64) {
+    let Some(body) = body else {
+        return (None, 0);
+    };
+    let mut sum = 0u64;
+    let mut complete = true;
+    for field in fields {
+        let value = body
+            .paths()
+            .iter()
+            .position(|path| *path == field.path)
+            .and_then(|index| body.found().get(index).copied().flatten());
+        match value {
+            Some(value) => sum = sum.saturating_add(value.saturating_mul(field.weight)),
+            None => complete = false,
+        }
+    }
+    let sum = sum.min(MAX_LIMIT);
+    (complete.then_some(sum), sum)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::CostField;
     use crate::wire::Algorithm;
     // On wasm32 the same tests run under wasm-bindgen-test (Node).
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    const BUDGET: usize = 1 << 20;
+
     fn pending(rule_index: usize, source: CostSource, charged: u64) -> PendingSettlement {
+        pending_with(rule_index, source, UnreportedCost::Estimate, charged)
+    }
+
+    fn pending_with(
+        rule_index: usize,
+        source: CostSource,
+        unreported: UnreportedCost,
+        charged: u64,
+    ) -> PendingSettlement {
         PendingSettlement {
             rule_index,
-            source,
+            cost: CostFromResponse { source, unreported },
             settlement: Settlement {
                 key: format!("r{rule_index}:{{k}}"),
                 algorithm: Algorithm::TokenBucket,
@@ -211,19 +277,37 @@ mod tests {
         }
     }
 
-    fn json_source(path: &str, max_body_bytes: usize) -> CostSource {
-        CostSource::JsonField {
-            path: path.split('.').map(str::to_string).collect(),
-            max_body_bytes,
-        }
+    fn body(fields: &[(&str, u64)]) -> CostSource {
+        CostSource::Body(
+            fields
+                .iter()
+                .map(|(path, weight)| CostField {
+                    path: path.split('.').map(str::to_string).collect(),
+                    weight: *weight,
+                })
+                .collect(),
+        )
     }
 
-    fn headers<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |name| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
+    fn headers<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Vec<String> + 'a {
+        move |name| {
+            pairs
+                .iter()
+                .filter(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+                .collect()
+        }
     }
 
     fn stats(counts: &[Count]) -> Vec<(usize, &'static str)> {
         counts.iter().map(|c| (c.rule_index, c.stat.name())).collect()
+    }
+
+    fn actuals(settlements: &[Settlement]) -> Vec<(&str, u64, u64)> {
+        settlements
+            .iter()
+            .map(|s| (s.key.as_str(), s.charged, s.actual))
+            .collect()
     }
 
     #[test]
@@ -238,128 +322,164 @@ mod tests {
     }
 
     #[test]
-    fn a_json_cost_is_found_by_its_path() {
-        let document: Value = serde_json::from_str(
-            r#"{"usage": {"total_tokens": 42, "float": 12.0, "text": "9", "neg": -1, "half": 0.5, "list": [1]}}"#,
-        )
-        .unwrap();
-        let at = |path: &str| {
-            json_cost(
-                &document,
-                &path.split('.').map(str::to_string).collect::<Vec<_>>(),
-            )
-        };
-        assert_eq!(at("usage.total_tokens"), Some(42));
-        assert_eq!(at("usage.float"), Some(12));
-        assert_eq!(at("usage.text"), Some(9));
-        for missing in [
-            "usage.neg",
-            "usage.half",
-            "usage.list",
-            "usage",
-            "usage.none",
-            "nothing.here",
-        ] {
-            assert_eq!(at(missing), None, "{missing}");
-        }
-        assert!(is_json("application/json; charset=utf-8"));
-        assert!(is_json("Application/Problem+JSON"));
-        assert!(!is_json("text/event-stream"));
-        assert!(!is_json("text/json+xml"));
+    fn a_repeated_header_counts_its_largest_value() {
+        let values = |list: &[&str]| list.iter().map(|v| v.to_string()).collect::<Vec<_>>();
+        assert_eq!(field_cost(&values(&["100", "900"])), Some(900));
+        assert_eq!(field_cost(&values(&["900", "100"])), Some(900));
+        assert_eq!(field_cost(&values(&["100, 900"])), Some(900));
+        assert_eq!(field_cost(&values(&["lots", "40"])), Some(40));
+        assert_eq!(field_cost(&values(&["lots"])), None);
+        assert_eq!(field_cost(&[]), None);
     }
 
     #[test]
     fn each_charge_settles_at_what_its_source_reports() {
+        let budget = BodyBudget::new(BUDGET);
         let mut costs = ResponseCosts::new(vec![
             pending(0, CostSource::Header("x-usage-tokens".into()), 100),
             pending(1, CostSource::Trailer("x-usage-tokens".into()), 100),
-            pending(2, json_source("usage.total_tokens", 1024), 100),
+            pending(2, body(&[("usage.total_tokens", 1)]), 100),
             pending(3, CostSource::Header("x-other".into()), 100),
+            pending(
+                4,
+                body(&[("usage.prompt_tokens", 1), ("usage.completion_tokens", 4)]),
+                100,
+            ),
         ]);
-        costs.read_headers(headers(&[
-            ("x-usage-tokens", "250"),
-            ("x-other", "100"),
-            ("content-type", "application/json"),
-        ]));
+        costs.read_headers(
+            headers(&[
+                ("x-usage-tokens", "250"),
+                ("x-other", "100"),
+                ("content-type", "application/json"),
+            ]),
+            &budget,
+        );
         assert!(costs.wants_body());
-        costs.add_body(br#"{"usage": {"total_"#);
+        assert!(budget.left() < BUDGET, "the reader holds part of the budget");
+        costs.add_body(br#"{"usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_"#);
         costs.add_body(br#"tokens": 30}}"#);
         costs.read_trailers(headers(&[("x-usage-tokens", "180")]));
-        let (settlements, counts) = costs.finish();
+        let (settlements, counts) = costs.finish(&budget);
+        assert_eq!(budget.left(), BUDGET, "given back at the end");
         assert_eq!(
-            settlements
-                .iter()
-                .map(|s| (s.key.as_str(), s.charged, s.actual))
-                .collect::<Vec<_>>(),
-            [("r0:{k}", 100, 250), ("r1:{k}", 100, 180), ("r2:{k}", 100, 30)],
+            actuals(&settlements),
+            [
+                ("r0:{k}", 100, 250),
+                ("r1:{k}", 100, 180),
+                ("r2:{k}", 100, 30),
+                ("r4:{k}", 100, 30)
+            ],
             "a cost equal to the estimate needs no settlement"
         );
-        assert_eq!(
-            stats(&counts),
-            [
-                (0, "cost_settled"),
-                (1, "cost_settled"),
-                (2, "cost_settled"),
-                (3, "cost_settled")
-            ]
-        );
+        assert!(counts.iter().all(|c| c.stat == Stat::CostSettled), "{counts:?}");
     }
 
     #[test]
-    fn a_response_without_a_usable_value_keeps_the_estimate() {
+    fn an_event_stream_settles_at_its_last_usage() {
+        let budget = BodyBudget::new(BUDGET);
+        let mut costs = ResponseCosts::new(vec![pending(
+            0,
+            body(&[("message.usage.input_tokens", 1), ("usage.output_tokens", 5)]),
+            100,
+        )]);
+        costs.read_headers(headers(&[("content-type", "text/event-stream")]), &budget);
+        costs.add_body(b"event: message_start\ndata: {\"message\": {\"usage\": {\"input_tokens\": 20}}}\n\n");
+        costs.add_body(b"event: message_delta\ndata: {\"usage\": {\"output_tokens\": 3}}\n\n");
+        costs.add_body(b"event: message_delta\ndata: {\"usage\": {\"output_tokens\": 40}}\n\n");
+        let (settlements, _) = costs.finish(&budget);
+        assert_eq!(actuals(&settlements), [("r0:{k}", 100, 220)]);
+    }
+
+    #[test]
+    fn an_unreported_cost_is_charged_the_rules_charge_or_what_was_reported_if_more() {
+        let budget = BodyBudget::new(BUDGET);
         let sources = || {
             vec![
                 pending(0, CostSource::Header("x-usage-tokens".into()), 5),
-                pending(1, CostSource::Trailer("x-usage-tokens".into()), 5),
-                pending(2, json_source("usage.total_tokens", 16), 5),
+                pending_with(
+                    1,
+                    CostSource::Trailer("x-usage-tokens".into()),
+                    UnreportedCost::Tokens(4000),
+                    5,
+                ),
+                pending_with(
+                    2,
+                    body(&[("usage.total_tokens", 1)]),
+                    UnreportedCost::Tokens(4000),
+                    5,
+                ),
+                pending_with(
+                    3,
+                    body(&[("message.usage.input_tokens", 1), ("usage.output_tokens", 5)]),
+                    UnreportedCost::Estimate,
+                    5,
+                ),
             ]
         };
-        // Nothing reported: no header, no trailer, not JSON.
+        // Nothing reported: garbage, a stream cut off before its usage.
         let mut costs = ResponseCosts::new(sources());
-        costs.read_headers(headers(&[("content-type", "text/plain")]));
-        assert!(!costs.wants_body());
-        let (settlements, counts) = costs.finish();
-        assert!(settlements.is_empty());
-        assert_eq!(
-            stats(&counts),
-            [
-                (0, "cost_unreported"),
-                (1, "cost_unreported"),
-                (2, "cost_unreported")
-            ]
+        costs.read_headers(
+            headers(&[("x-usage-tokens", "lots"), ("content-type", "text/event-stream")]),
+            &budget,
         );
-        // Garbage values, a body past its limit (dropped: memory stays bounded).
-        let mut costs = ResponseCosts::new(sources());
-        costs.read_headers(headers(&[
-            ("x-usage-tokens", "lots"),
-            ("content-type", "application/json"),
-        ]));
-        costs.add_body(br#"{"usage": {"total_tokens": 3}, "padding": "xxxx"}"#);
-        assert!(!costs.wants_body(), "past 16 bytes the body is no longer kept");
-        costs.read_trailers(headers(&[("x-usage-tokens", "-1")]));
-        let (settlements, counts) = costs.finish();
-        assert!(settlements.is_empty());
-        assert!(counts.iter().all(|c| c.stat == Stat::CostUnreported));
-        // A body cut short (the client went away mid-response) is not JSON.
-        let mut costs = ResponseCosts::new(vec![pending(0, json_source("usage.total_tokens", 1024), 5)]);
-        costs.read_headers(headers(&[("content-type", "application/json")]));
-        costs.add_body(br#"{"usage": {"total_tok"#);
-        let (settlements, counts) = costs.finish();
-        assert!(settlements.is_empty());
-        assert_eq!(stats(&counts), [(0, "cost_unreported")]);
+        costs.add_body(b"data: {\"message\": {\"usage\": {\"input_tokens\": 30}}}\n\n");
+        costs.add_body(b"data: {\"usage\": {\"total_tok");
+        let (settlements, counts) = costs.finish(&budget);
+        assert_eq!(
+            actuals(&settlements),
+            [("r1:{k}", 5, 4000), ("r2:{k}", 5, 4000), ("r3:{k}", 5, 30)],
+            "the estimate stays for rule 0; rule 3 pays the input it reported"
+        );
+        assert!(
+            counts.iter().all(|c| c.stat == Stat::CostUnreported),
+            "{counts:?}"
+        );
     }
 
     #[test]
-    fn the_body_limit_is_each_rules_own() {
-        let mut costs = ResponseCosts::new(vec![
-            pending(0, json_source("n", 8), 5),
-            pending(1, json_source("n", 64), 5),
-        ]);
-        costs.read_headers(headers(&[("content-type", "application/json")]));
-        costs.add_body(br#"{"n": 12, "pad": 1}"#);
-        let (settlements, counts) = costs.finish();
-        assert_eq!(settlements.len(), 1);
-        assert_eq!(settlements[0].key, "r1:{k}");
-        assert_eq!(stats(&counts), [(0, "cost_unreported"), (1, "cost_settled")]);
+    fn a_compressed_or_unknown_body_is_not_read() {
+        let budget = BodyBudget::new(BUDGET);
+        for response in [
+            [("content-type", "application/json"), ("content-encoding", "gzip")],
+            [("content-type", "text/plain"), ("x", "")],
+        ] {
+            let mut costs = ResponseCosts::new(vec![pending_with(
+                0,
+                body(&[("usage.total_tokens", 1)]),
+                UnreportedCost::Tokens(700),
+                5,
+            )]);
+            costs.read_headers(headers(&response), &budget);
+            assert!(!costs.wants_body(), "{response:?}");
+            let (settlements, counts) = costs.finish(&budget);
+            assert_eq!(actuals(&settlements), [("r0:{k}", 5, 700)]);
+            assert_eq!(stats(&counts), [(0, "cost_unreported")]);
+        }
+    }
+
+    #[test]
+    fn past_the_workers_budget_a_body_is_not_read_and_is_counted() {
+        let json = [("content-type", "application/json")];
+        let source = || vec![pending(0, body(&[("n", 1)]), 5)];
+        let mut first = ResponseCosts::new(source());
+        let budget = BodyBudget::new(BUDGET);
+        first.read_headers(headers(&json), &budget);
+        let footprint = BUDGET - budget.left();
+        let budget = BodyBudget::new(footprint);
+        let mut first = ResponseCosts::new(source());
+        first.read_headers(headers(&json), &budget);
+        assert!(first.wants_body());
+        let mut second = ResponseCosts::new(source());
+        second.read_headers(headers(&json), &budget);
+        assert!(!second.wants_body(), "the budget holds one reader");
+        second.add_body(br#"{"n": 9}"#);
+        let (_, counts) = second.finish(&budget);
+        assert_eq!(stats(&counts), [(0, "cost_unreported"), (0, "cost_over_budget")]);
+        first.add_body(br#"{"n": 9}"#);
+        let (settlements, _) = first.finish(&budget);
+        assert_eq!(actuals(&settlements), [("r0:{k}", 5, 9)]);
+        let mut third = ResponseCosts::new(source());
+        third.read_headers(headers(&json), &budget);
+        assert!(third.wants_body(), "the first reader gave its share back");
     }
 }

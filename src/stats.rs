@@ -21,10 +21,13 @@ pub enum Stat {
     Released,
     CostSettled,
     CostUnreported,
+    /// A response whose body was not read: its worker's budget for reading bodies was
+    /// spent (also counted as `cost_unreported`).
+    CostOverBudget,
 }
 
 impl Stat {
-    pub const ALL: [Stat; 14] = [
+    pub const ALL: [Stat; 15] = [
         Stat::Allowed,
         Stat::Denied,
         Stat::ShadowDenied,
@@ -39,6 +42,7 @@ impl Stat {
         Stat::Released,
         Stat::CostSettled,
         Stat::CostUnreported,
+        Stat::CostOverBudget,
     ];
 
     pub fn name(self) -> &'static str {
@@ -57,6 +61,7 @@ impl Stat {
             Stat::Released => "released",
             Stat::CostSettled => "cost_settled",
             Stat::CostUnreported => "cost_unreported",
+            Stat::CostOverBudget => "cost_over_budget",
         }
     }
 

@@ -496,3 +496,49 @@ fn a_local_concurrency_limit_holds_in_one_envoy_and_leaks_no_slot() {
         assert_eq!(reply.join().unwrap().status, 200);
     }
 }
+
+// docs/OPERATIONS.md, "When Redis loses its data": the slots of requests in flight are
+// forgotten, so as many again are admitted until those end; their releases then free
+// nothing that a newer request holds.
+#[test]
+fn after_redis_loses_its_data_a_limit_admits_up_to_twice_until_the_forgotten_requests_end() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &[]);
+    let upstream = Upstream::start();
+    let envoy = start_envoy(&shim, &concurrency_config(2, "60s"), &upstream);
+    let before: Vec<JoinHandle<Reply>> = ["a", "b"].iter().map(|name| hold(&envoy, "team", name)).collect();
+    wait_until("two held", Duration::from_secs(20), || upstream.in_flight() == 2);
+    assert_eq!(slots_in_redis(&redis), 2);
+    redis.cli(&["FLUSHALL"]);
+    let after: Vec<JoinHandle<Reply>> = ["c", "d"].iter().map(|name| hold(&envoy, "team", name)).collect();
+    wait_until("four held", Duration::from_secs(20), || upstream.in_flight() == 4);
+    assert_eq!(
+        refused_now(&envoy, "team").status,
+        429,
+        "the bound holds again at 2 slots"
+    );
+    for name in ["a", "b"] {
+        upstream.release(name);
+    }
+    for reply in before {
+        assert_eq!(reply.join().unwrap().status, 200);
+    }
+    let released = format!("wasmcustom.ratelimit.{RULE}.released");
+    wait_until("two releases", Duration::from_secs(20), || {
+        envoy.stat(&released) == 2
+    });
+    assert_eq!(
+        slots_in_redis(&redis),
+        2,
+        "the releases of forgotten slots freed nothing"
+    );
+    for name in ["c", "d"] {
+        upstream.release(name);
+    }
+    for reply in after {
+        assert_eq!(reply.join().unwrap().status, 200);
+    }
+    wait_until("no slot left", Duration::from_secs(20), || {
+        slots_in_redis(&redis) == 0
+    });
+}

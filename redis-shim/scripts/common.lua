@@ -14,6 +14,9 @@
 --   retry_after(c, st, now)           -> ms until `c.cost` tokens are available
 --   refund(key, c, amount, stamp, now)          gives back a charge (see refund.lua)
 --   lease_window(c, st, now)          -> ms a lease charged now may be spent (0: any)
+-- and, for the algorithms a response's reported cost can settle (refund.lua):
+--   debt_room(c, st, now)             -> tokens that may still be charged before the
+--                                        key's debt passes MAX_DEBT_LIMITS limits
 -- `stamp` identifies where a charge went (a window, an instant) so a refund can find it.
 -- Every key written gets an expiry: an idle client costs no memory.
 
@@ -21,6 +24,10 @@ local algorithms = {}
 
 -- Float rounding must never turn 3.9999999 tokens into 3.
 local EPSILON = 1e-6
+
+-- Deepest debt of one key, in limits, however many settlements charge it (the wire
+-- crate's MAX_DEBT_LIMITS; redis-shim/src/scripts.rs checks that they agree).
+local MAX_DEBT_LIMITS = 100
 
 -- Numbers go to Redis as plain integers: Lua's default conversion may use an exponent.
 local function int(x)

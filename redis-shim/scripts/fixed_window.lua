@@ -69,6 +69,11 @@ function fixed_window.refund(key, c, amount, stamp, now)
   end
 end
 
+-- In debt the window counts past its limit; at most MAX_DEBT_LIMITS limits past it.
+function fixed_window.debt_room(c, st, now)
+  return math.max(0, (1 + MAX_DEBT_LIMITS) * c.limit - st.used)
+end
+
 -- Tokens charged to this window are spent in it, or not at all.
 function fixed_window.lease_window(c, st, now)
   return until_window_end(c, st, now)

@@ -9,6 +9,8 @@
 -- tokens are charged now, whatever the counter holds: it may go into debt (a token
 -- bucket's TAT moves past a full period ahead, a window counts past its limit), and
 -- checks are refused until the debt is repaid (the window ends, the bucket refills).
+-- The debt stops at MAX_DEBT_LIMITS limits per key (the algorithm's debt_room), however
+-- many settlements arrive: what would go deeper is not charged.
 -- Not atomic with the charge: between the two, other requests see the first charge.
 --
 -- KEYS[i]          counter key of check i
@@ -38,7 +40,12 @@ for i = 1, #KEYS do
   if amount > 0 then
     algorithm.refund(KEYS[i], c, amount, tonumber(ARGV[base + 4]), now)
   elseif amount < 0 then
-    algorithm.charge(KEYS[i], c, algorithm.load(KEYS[i], c, now), -amount, now)
+    if not algorithm.debt_room then
+      return redis.error_reply(c.algorithm .. ' takes no settlement')
+    end
+    local st = algorithm.load(KEYS[i], c, now)
+    local charge = math.min(-amount, algorithm.debt_room(c, st, now))
+    if charge > 0 then algorithm.charge(KEYS[i], c, st, charge, now) end
   end
   local remaining, reset_ms = algorithm.report(c, algorithm.load(KEYS[i], c, now), now)
   reply[i] = {1, remaining, reset_ms, 0, 0, 0, 0}

@@ -83,6 +83,11 @@ function sliding_window_counter.refund(key, c, amount, stamp, now)
   redis.call('HSET', key, field, int(count))
 end
 
+-- In debt the current window counts past the limit; at most MAX_DEBT_LIMITS limits past.
+function sliding_window_counter.debt_room(c, st, now)
+  return math.max(0, (1 + MAX_DEBT_LIMITS) * c.limit - st.current)
+end
+
 -- Tokens charged to the current window are spent in it, or not at all.
 function sliding_window_counter.lease_window(c, st, now)
   return ms_ceil((st.start + c.period_ms) * 1000 - now)

@@ -53,6 +53,12 @@ function token_bucket.refund(key, c, amount, stamp, now)
   end
 end
 
+-- In debt the TAT lies more than a period ahead; at most MAX_DEBT_LIMITS periods more.
+function token_bucket.debt_room(c, st, now)
+  local latest = now + (1 + MAX_DEBT_LIMITS) * c.period
+  return math.max(0, math.floor((latest - st.tat) / st.interval + EPSILON))
+end
+
 -- A bucket has no windows: a leased token spent later only moves its admission in
 -- time, within the lease's ttl.
 function token_bucket.lease_window(c, st, now)

@@ -21,6 +21,9 @@ use std::sync::Arc;
 
 pub const SHOW_PATH: &str = "/v1/admin/counters/show";
 pub const RESET_PATH: &str = "/v1/admin/counters/reset";
+pub const VARIANTS_PATH: &str = "/v1/admin/counters/variants";
+/// Most keys of other variants reported per counter.
+const MAX_VARIANTS: usize = 32;
 
 /// `POST /v1/admin/counters/show` answer: each counter's state, in order, as a check
 /// that charged nothing would report it (`granted` 0).
@@ -35,6 +38,15 @@ pub struct ShowAnswer {
 pub struct ResetAnswer {
     pub before: Vec<CheckResult>,
     pub deleted: Vec<bool>,
+}
+
+/// `POST /v1/admin/counters/variants` answer: for each counter asked about, the counters
+/// in Redis of the same rule and client under another algorithm, period or calendar
+/// (another variant of the rule: what an older configuration counted in), as keys without
+/// the shim's prefix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VariantsAnswer {
+    pub variants: Vec<Vec<String>>,
 }
 
 /// The counters asked about, with their Redis keys; or the refusal to answer.
@@ -111,4 +123,72 @@ pub async fn reset(State(shim): State<Arc<Shim>>, headers: HeaderMap, body: Body
     }
     tracing::info!(keys = ?keys, "counters reset by an operator");
     Json(ResetAnswer { before, deleted }).into_response()
+}
+
+/// A counter key is `<rule>/<variant>:{<client hash>}`: the other variants of the same
+/// rule and client share its rule and its hash tag, so they sit in its cluster slot.
+pub async fn variants(State(shim): State<Arc<Shim>>, headers: HeaderMap, body: Body) -> Response {
+    let (request, keys) = match admitted(&shim, &headers, body).await {
+        Ok(admitted) => admitted,
+        Err(refusal) => return refusal,
+    };
+    let prefix = &shim.config.key_prefix;
+    let mut variants = Vec::with_capacity(keys.len());
+    for (check, key) in request.checks.iter().zip(&keys) {
+        let Some(pattern) = variant_pattern(prefix, &check.key) else {
+            variants.push(vec![]);
+            continue;
+        };
+        match shim.store.scan_near(key, &pattern, MAX_VARIANTS + 1).await {
+            Ok(found) => variants.push(
+                found
+                    .into_iter()
+                    .filter(|other| other != key)
+                    .filter_map(|other| other.strip_prefix(prefix.as_str()).map(str::to_string))
+                    .take(MAX_VARIANTS)
+                    .collect(),
+            ),
+            Err(e) => return redis_failure(e),
+        }
+    }
+    Json(VariantsAnswer { variants }).into_response()
+}
+
+/// The SCAN pattern of every variant of `key`'s rule for the same client.
+fn variant_pattern(prefix: &str, key: &str) -> Option<String> {
+    let (rule, _) = key.split_once('/')?;
+    let tag = &key[key.rfind(":{")?..];
+    Some(format!(
+        "{}{}/*{}",
+        glob_escape(prefix),
+        glob_escape(rule),
+        glob_escape(tag)
+    ))
+}
+
+fn glob_escape(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| match c {
+            '*' | '?' | '[' | ']' | '\\' => vec!['\\', c],
+            c => vec![c],
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_variant_pattern_keeps_the_rule_and_the_client_and_escapes_the_rest() {
+        assert_eq!(
+            variant_pattern("rl:", "per-key/tb60000:{0a1b}").as_deref(),
+            Some("rl:per-key/*:{0a1b}")
+        );
+        assert_eq!(
+            variant_pattern("t[1]*:", "quota/fw-month+0530:{ff}").as_deref(),
+            Some("t\\[1\\]\\*:quota/*:{ff}")
+        );
+        assert_eq!(variant_pattern("rl:", "no-slash"), None);
+    }
 }

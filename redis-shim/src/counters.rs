@@ -8,7 +8,7 @@
 //! HTTP with the admin token, for the counters' state (charging nothing) or to delete
 //! them, and prints a table per rule, or JSON.
 
-use crate::admin::{ResetAnswer, ShowAnswer, RESET_PATH, SHOW_PATH};
+use crate::admin::{ResetAnswer, ShowAnswer, VariantsAnswer, RESET_PATH, SHOW_PATH, VARIANTS_PATH};
 use crate::cli::CountersCommand;
 use ratelimit_wasm::attributes::{GivenRequest, RequestAttributes};
 use ratelimit_wasm::config::{FilterConfig, Rule, Scope};
@@ -70,9 +70,15 @@ pub fn run(command: &CountersCommand) -> i32 {
         CountersCommand::Reset(args) => (args, true),
     };
     match execute(args, reset) {
-        Ok(output) => {
+        Ok((output, None)) => {
             println!("{output}");
             0
+        }
+        // The table, then why the reset did not unblock the client.
+        Ok((output, Some(problem))) => {
+            println!("{output}");
+            eprintln!("redis-shim counters: {problem}");
+            3
         }
         Err(e) => {
             eprintln!("redis-shim counters: {e}");
@@ -163,7 +169,9 @@ fn rule_rows(config: &FilterConfig, request: &GivenRequest, only: &[String]) -> 
 
 const LOCAL_NOTE: &str = "local rule: no Redis counter (each Envoy keeps its own bucket)";
 
-fn execute(args: &CountersArgs, reset: bool) -> Result<String, String> {
+/// The output, and for a reset that found nothing to delete where the client is counted
+/// under another variant of the rule, what went wrong.
+fn execute(args: &CountersArgs, reset: bool) -> Result<(String, Option<String>), String> {
     let file = args.config.display();
     let text = std::fs::read(&args.config).map_err(|e| format!("{file}: {e}"))?;
     let config = FilterConfig::from_json(&text).map_err(|e| format!("{file}: {e}"))?;
@@ -182,21 +190,53 @@ fn execute(args: &CountersArgs, reset: bool) -> Result<String, String> {
             _ => None,
         })
         .collect();
-    let (results, deleted) = if checks.is_empty() {
-        (vec![], None)
-    } else if reset {
-        let answer: ResetAnswer = call(args, RESET_PATH, &CheckRequest { checks })?;
-        (answer.before, Some(answer.deleted))
+    let (results, deleted, variants) = if checks.is_empty() {
+        (vec![], None, vec![])
     } else {
-        let answer: ShowAnswer = call(args, SHOW_PATH, &CheckRequest { checks })?;
-        (answer.results, None)
+        let request = CheckRequest { checks };
+        let variants: VariantsAnswer = call(args, VARIANTS_PATH, &request)?;
+        if reset {
+            let answer: ResetAnswer = call(args, RESET_PATH, &request)?;
+            (answer.before, Some(answer.deleted), variants.variants)
+        } else {
+            let answer: ShowAnswer = call(args, SHOW_PATH, &request)?;
+            (answer.results, None, variants.variants)
+        }
     };
-    let notes = reset_notes(&config, &rows, &results, reset);
-    Ok(if args.json {
+    let mut notes = reset_notes(&config, &rows, &results, reset);
+    let counted = rows.iter().filter_map(|row| match &row.state {
+        State::Counted(_) => Some(row.name.as_str()),
+        _ => None,
+    });
+    let mut stranded = Vec::new();
+    for (index, (rule, others)) in counted.zip(&variants).enumerate() {
+        if others.is_empty() {
+            continue;
+        }
+        notes.push(format!(
+            "{rule}: this client also has counters under other variants of the rule (another \
+             algorithm, period or calendar than this configuration's, so another configuration \
+             counts in them), which this command does not touch: {}",
+            others.join(", ")
+        ));
+        if deleted.as_deref().and_then(|d| d.get(index)) == Some(&false) {
+            stranded.push(rule);
+        }
+    }
+    let problem = (!stranded.is_empty()).then(|| {
+        format!(
+            "nothing to delete under {} as this configuration counts it, but the client is \
+             counted under another variant (see the notes): reset with the configuration the \
+             Envoys run, or delete those keys (with the shim's key prefix) in Redis",
+            stranded.join(", ")
+        )
+    });
+    let output = if args.json {
         render_json(&rows, &results, deleted.as_deref(), &notes, reset)
     } else {
         render_table(&rows, &results, deleted.as_deref(), &notes, reset)
-    })
+    };
+    Ok((output, problem))
 }
 
 /// POSTs `body` to the shim's admin endpoint `path` and reads its JSON answer.

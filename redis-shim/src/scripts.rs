@@ -370,6 +370,13 @@ mod tests {
     }
 
     #[test]
+    fn the_scripts_cap_debt_where_the_wire_says() {
+        let common = include_str!("../scripts/common.lua");
+        let line = format!("local MAX_DEBT_LIMITS = {}\n", ratelimit_wire::MAX_DEBT_LIMITS);
+        assert!(common.contains(&line), "common.lua lacks {line:?}");
+    }
+
+    #[test]
     fn rejects_malformed_replies() {
         assert!(parse_rows(vec![], 1).is_err());
         assert!(parse_rows(vec![vec![1, 2, 3, 0, 0, 0]], 1).is_err());

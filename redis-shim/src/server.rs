@@ -54,6 +54,7 @@ pub async fn run(
         .route("/metrics", get(handlers::metrics))
         .route(admin::SHOW_PATH, post(admin::show))
         .route(admin::RESET_PATH, post(admin::reset))
+        .route(admin::VARIANTS_PATH, post(admin::variants))
         .with_state(shim.clone());
 
     let mut builder = auto::Builder::new(TokioExecutor::new());

@@ -17,7 +17,7 @@ use ratelimit_wire::Check;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::Slot;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::io::tcp::TcpSettings;
 use redis::{FromRedisValue, IntoConnectionInfo, RedisError};
 use std::fmt;
@@ -347,6 +347,48 @@ impl RedisStore {
             }
         };
         Ok(deleted > 0)
+    }
+
+    /// Keys matching `pattern` on the node holding `near`'s slot (every key sharing its
+    /// hash tag lives there), by SCAN, at most `limit`; each SCAN call is bounded by the
+    /// timeout, and Redis serves others between them.
+    pub async fn scan_near(
+        &self,
+        near: &str,
+        pattern: &str,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut found = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
+            let (connection, generation) = self.connection();
+            let (next, keys): (u64, Vec<String>) = match connection {
+                Connection::Standalone(mut manager) => {
+                    self.bounded(generation, self.config.timeout, scan.query_async(&mut manager))
+                        .await?
+                }
+                Connection::Cluster(mut cluster) => {
+                    let route = Route::with_slot(Slot::for_key(near), SlotAddr::Master);
+                    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                    let reply = self
+                        .bounded(
+                            generation,
+                            self.config.timeout,
+                            cluster.route_command(scan, routing),
+                        )
+                        .await?;
+                    FromRedisValue::from_redis_value(reply).map_err(|e| StoreError::Redis(e.into()))?
+                }
+            };
+            found.extend(keys);
+            cursor = next;
+            if cursor == 0 || found.len() >= limit {
+                found.truncate(limit);
+                return Ok(found);
+            }
+        }
     }
 
     fn mark_answered(&self, generation: u64) {

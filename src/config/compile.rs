@@ -1,7 +1,10 @@
 //! Compiling the filter-wide settings: the shim, the response, the local table, and
 //! every rule (each compiled by [`rule`](super::rule)), with names unique.
 
-use super::model::{CustomBody, FilterConfig, HeaderStyle, ResponseSettings, ShimSettings};
+use super::model::{
+    CustomBody, FilterConfig, HeaderStyle, ResponseSettings, ShimSettings, DEFAULT_COST_BODY_BUDGET_BYTES,
+    MAX_COST_BODY_BUDGET_BYTES, MIN_COST_BODY_BUDGET_BYTES,
+};
 use super::raw::{RawConfig, RawResponse};
 use super::{parse_duration, ConfigError};
 use crate::attributes::is_header_name;
@@ -146,10 +149,28 @@ impl RawConfig {
                 format!("must be between 1 and {MAX_LOCAL_SLOTS}"),
             ));
         }
+        let cost_body_budget_bytes = match self.cost_body_budget_bytes {
+            None => DEFAULT_COST_BODY_BUDGET_BYTES,
+            Some(bytes) => usize::try_from(bytes)
+                .ok()
+                .filter(|bytes| (MIN_COST_BODY_BUDGET_BYTES..=MAX_COST_BODY_BUDGET_BYTES).contains(bytes))
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "cost_body_budget_bytes",
+                        format!("must be {MIN_COST_BODY_BUDGET_BYTES}..={MAX_COST_BODY_BUDGET_BYTES}"),
+                    )
+                })?,
+        };
         let mut names = HashSet::new();
+        let mut warnings = Vec::new();
         let mut rules = Vec::with_capacity(self.rules.len());
         for (index, raw) in self.rules.into_iter().enumerate() {
-            let rule = raw.compile(&format!("rules[{index}]"), self.failure_mode, whole_seconds)?;
+            let rule = raw.compile(
+                &format!("rules[{index}]"),
+                self.failure_mode,
+                whole_seconds,
+                &mut warnings,
+            )?;
             if !names.insert(rule.name.clone()) {
                 return Err(ConfigError::new(
                     format!("rules[{index}].name"),
@@ -171,7 +192,9 @@ impl RawConfig {
             response,
             local_slots,
             deny_cache: self.deny_cache,
+            cost_body_budget_bytes,
             rules,
+            warnings,
         })
     }
 }

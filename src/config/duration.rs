@@ -2,8 +2,10 @@
 
 use std::time::Duration;
 
+/// Written exactly: digits then a lower-case unit, nothing around them (a stray space
+/// is refused, as an upper-case unit is, rather than read one way here and another in
+/// the next tool).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
     let usage = || format!("{text:?} is not a duration such as \"500ms\", \"10s\", \"1m\", \"1h\" or \"1d\"");

@@ -9,6 +9,7 @@
 //! that compiles cannot hold an invalid rule. The compiled form is in [`model`].
 
 mod compile;
+mod cost_from_response;
 mod duration;
 mod model;
 mod raw;

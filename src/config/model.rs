@@ -50,8 +50,13 @@ pub struct FilterConfig {
     pub local_slots: u32,
     /// Refuse a key locally until the time the shim said it may retry.
     pub deny_cache: bool,
+    /// Bytes a worker may hold to read costs from response bodies, for all its
+    /// responses together; a response past it is charged as unreported.
+    pub cost_body_budget_bytes: usize,
     /// Shared with each request's plan, which holds the rules it checks.
     pub rules: Vec<Rc<Rule>>,
+    /// What loads but deserves the operator's attention, logged at configure.
+    pub warnings: Vec<String>,
 }
 
 /// How the filter reaches the shim.
@@ -130,14 +135,23 @@ pub struct Rule {
     pub on_failure: RuleFailureMode,
     /// Where the response says what the request really cost: the admission charges the
     /// estimate (`cost`), the end of the response settles the difference.
-    pub cost_from_response: Option<CostSource>,
+    pub cost_from_response: Option<CostFromResponse>,
 }
 
-/// The JSON body read for a reported cost, unless configured: a chat completion's usage
-/// sits in a body of a few KiB.
-pub const DEFAULT_COST_BODY_BYTES: usize = 64 * 1024;
-/// Most of a JSON body the filter keeps per request to read a reported cost.
-pub const MAX_COST_BODY_BYTES: usize = 1024 * 1024;
+/// A rule's cost read from its responses, and what a response that never reports it
+/// is charged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CostFromResponse {
+    pub source: CostSource,
+    pub unreported: UnreportedCost,
+}
+
+impl CostFromResponse {
+    /// Whether the cost is read from the response body.
+    pub fn reads_body(&self) -> bool {
+        matches!(self.source, CostSource::Body(_))
+    }
+}
 
 /// Where a response reports its request's real cost.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,13 +160,34 @@ pub enum CostSource {
     Header(String),
     /// A response trailer (lower-case name), for streamed responses.
     Trailer(String),
-    /// A number in an `application/json` response body of at most `max_body_bytes`, at
-    /// this path of object fields.
-    JsonField {
-        path: Vec<String>,
-        max_body_bytes: usize,
-    },
+    /// Numbers in a JSON body or in the JSON events of an event stream, each times its
+    /// weight, summed.
+    Body(Vec<CostField>),
 }
+
+/// One number of a body's reported cost: its path (object fields, or array indexes in
+/// decimal) and what each unit of it costs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CostField {
+    pub path: Vec<String>,
+    pub weight: u64,
+}
+
+/// What a response whose cost never arrived is charged (the client went away, the body
+/// was compressed or cut short, the upstream reported nothing usable).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnreportedCost {
+    /// The admission's estimate stays charged.
+    Estimate,
+    /// This many tokens (settled from the estimate).
+    Tokens(u64),
+}
+
+/// The worker-wide budget for reading costs from bodies, unless configured: a reader
+/// holds a few hundred bytes, so thousands of responses at once.
+pub const DEFAULT_COST_BODY_BUDGET_BYTES: usize = 1024 * 1024;
+pub const MIN_COST_BODY_BUDGET_BYTES: usize = 1024;
+pub const MAX_COST_BODY_BUDGET_BYTES: usize = 64 * 1024 * 1024;
 
 /// Where a rule's limit is enforced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

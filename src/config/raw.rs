@@ -37,6 +37,8 @@ pub(super) struct RawConfig {
     pub(super) local_slots: Option<u32>,
     #[serde(default = "enabled")]
     pub(super) deny_cache: bool,
+    #[serde(default)]
+    pub(super) cost_body_budget_bytes: Option<i64>,
     pub(super) rules: Vec<RawRule>,
 }
 
@@ -124,7 +126,28 @@ pub(super) struct RawCostFromResponse {
     #[serde(default)]
     pub(super) json_field: Option<String>,
     #[serde(default)]
+    pub(super) json_fields: Option<Vec<RawCostField>>,
+    /// Accepted from older configurations; nothing of a body is kept any more.
+    #[serde(default)]
     pub(super) max_body_bytes: Option<i64>,
+    #[serde(default)]
+    pub(super) unreported_cost: Option<RawUnreportedCost>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCostField {
+    pub(super) path: String,
+    #[serde(default)]
+    pub(super) weight: Option<i64>,
+}
+
+/// `"estimate"` or a number of tokens.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawUnreportedCost {
+    Tokens(i64),
+    Named(String),
 }
 
 #[derive(Deserialize)]

@@ -4,12 +4,9 @@
 //! calendar quota is a global fixed window).
 
 use super::model::{
-    CostSource, FailureMode, Lease, Rule, RuleFailureMode, Scope, Tier, TierCondition, ValueTest,
-    WeightedCost, DEFAULT_COST_BODY_BYTES, MAX_COST_BODY_BYTES,
+    FailureMode, Lease, Rule, RuleFailureMode, Scope, Tier, TierCondition, ValueTest, WeightedCost,
 };
-use super::raw::{
-    RawCost, RawCostFromResponse, RawLease, RawLocalLimit, RawRule, RawRuleFailureMode, RawTier,
-};
+use super::raw::{RawCost, RawLease, RawLocalLimit, RawRule, RawRuleFailureMode, RawTier};
 use super::{parse_duration, ConfigError};
 use crate::keys::{calendar_counter_name, counter_name, KeyPart};
 use crate::matching::{RawMatch, RequestMatch};
@@ -19,8 +16,6 @@ use std::time::Duration;
 
 /// Longest rule name; names are part of every counter key.
 pub const MAX_RULE_NAME_LEN: usize = 64;
-/// Deepest JSON path of a reported cost.
-const MAX_JSON_PATH_DEPTH: usize = 8;
 
 fn is_rule_name(name: &str) -> bool {
     !name.is_empty()
@@ -173,6 +168,10 @@ fn compile_local(field: String, raw: RawLocalLimit, largest_cost: u64) -> Result
 
 /// How long a concurrency slot stays taken when its release is lost, unless configured.
 pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(60);
+/// The shortest `max_duration`: a slot that expires while its request still runs stops
+/// counting it, so a limit of 1 with `"1ms"` admitted 6 at once. Below a second, every
+/// request slower than a round trip would escape the limit.
+pub const MIN_MAX_DURATION: Duration = Duration::from_secs(1);
 
 /// A concurrency rule's `max_duration`, which stands where a rate's period would: a
 /// concurrency limit has no window, so `period` is refused.
@@ -187,7 +186,19 @@ fn compile_max_duration(
             field("period"),
             "a concurrency rule limits requests in flight, not a rate: it has no period (see max_duration)",
         )),
-        (None, Some(max_duration)) => compile_period(field("max_duration"), max_duration),
+        (None, Some(max_duration)) => {
+            let period = compile_period(field("max_duration"), max_duration)?;
+            if u128::from(period.as_ms()) < MIN_MAX_DURATION.as_millis() {
+                return Err(ConfigError::new(
+                    field("max_duration"),
+                    format!(
+                        "must be at least {}s and above the longest request: a slot that expires while its request runs no longer counts it",
+                        MIN_MAX_DURATION.as_secs()
+                    ),
+                ));
+            }
+            Ok(period)
+        }
         (None, None) => Period::try_from(DEFAULT_MAX_DURATION)
             .map_err(|bounds| ConfigError::new(field("max_duration"), bounds.0)),
     }
@@ -337,7 +348,7 @@ fn compile_failure_mode(
 }
 
 /// A header or trailer name as Envoy stores it: lower-case token characters.
-fn compile_field_name(field: String, name: &str) -> Result<String, ConfigError> {
+pub(super) fn compile_field_name(field: String, name: &str) -> Result<String, ConfigError> {
     let valid = !name.is_empty()
         && name.len() <= 128
         && name
@@ -352,89 +363,13 @@ fn compile_field_name(field: String, name: &str) -> Result<String, ConfigError> 
     Ok(name.to_ascii_lowercase())
 }
 
-/// Where the response reports the real cost, for an algorithm that can settle it: one
-/// that keeps a count (a sliding window log keeps one entry per token), through the
-/// shim (a local rule and a lease spend tokens this Envoy holds).
-fn compile_cost_from_response(
-    at: &str,
-    raw: RawCostFromResponse,
-    algorithm: Algorithm,
-    scope: Scope,
-    has_lease: bool,
-) -> Result<CostSource, ConfigError> {
-    let field = format!("{at}.cost_from_response");
-    if matches!(algorithm, Algorithm::SlidingWindowLog | Algorithm::Concurrency) {
-        return Err(ConfigError::new(
-            format!("{at}.algorithm"),
-            format!(
-                "a {} cannot be settled from the response (one entry per token, or a slot per request): use token_bucket, fixed_window or sliding_window_counter",
-                algorithm.as_str()
-            ),
-        ));
-    }
-    if scope == Scope::Local {
-        return Err(ConfigError::new(
-            format!("{at}.scope"),
-            "a cost from the response is settled through the shim: the rule must be global",
-        ));
-    }
-    if has_lease {
-        return Err(ConfigError::new(
-            format!("{at}.lease"),
-            "leased tokens are spent without the shim: a rule with cost_from_response takes no lease",
-        ));
-    }
-    let body_limit = |raw: Option<i64>| -> Result<usize, ConfigError> {
-        let Some(bytes) = raw else {
-            return Ok(DEFAULT_COST_BODY_BYTES);
-        };
-        usize::try_from(bytes)
-            .ok()
-            .filter(|bytes| (1..=MAX_COST_BODY_BYTES).contains(bytes))
-            .ok_or_else(|| {
-                ConfigError::new(
-                    format!("{field}.max_body_bytes"),
-                    format!("must be 1..={MAX_COST_BODY_BYTES}"),
-                )
-            })
-    };
-    match (raw.header, raw.trailer, raw.json_field) {
-        (Some(header), None, None) if raw.max_body_bytes.is_none() => Ok(CostSource::Header(
-            compile_field_name(format!("{field}.header"), &header)?,
-        )),
-        (None, Some(trailer), None) if raw.max_body_bytes.is_none() => Ok(CostSource::Trailer(
-            compile_field_name(format!("{field}.trailer"), &trailer)?,
-        )),
-        (None, None, Some(json_field)) => {
-            let path: Vec<String> = json_field.split('.').map(str::to_string).collect();
-            if path.iter().any(String::is_empty) || path.len() > MAX_JSON_PATH_DEPTH {
-                return Err(ConfigError::new(
-                    format!("{field}.json_field"),
-                    format!("must be 1..={MAX_JSON_PATH_DEPTH} non-empty field names joined by '.', e.g. usage.total_tokens"),
-                ));
-            }
-            Ok(CostSource::JsonField {
-                path,
-                max_body_bytes: body_limit(raw.max_body_bytes)?,
-            })
-        }
-        (_, _, None) if raw.max_body_bytes.is_some() => Err(ConfigError::new(
-            format!("{field}.max_body_bytes"),
-            "only applies with json_field",
-        )),
-        _ => Err(ConfigError::new(
-            field,
-            "give exactly one of header, trailer or json_field",
-        )),
-    }
-}
-
 impl RawRule {
     pub(super) fn compile(
         self,
         at: &str,
         default_failure_mode: FailureMode,
         whole_seconds: bool,
+        warnings: &mut Vec<String>,
     ) -> Result<Rule, ConfigError> {
         let field = |name: &str| format!("{at}.{name}");
         check_name(field("name"), &self.name)?;
@@ -527,7 +462,7 @@ impl RawRule {
         )?;
         let cost_from_response = self
             .cost_from_response
-            .map(|raw| compile_cost_from_response(at, raw, algorithm, self.scope, lease.is_some()))
+            .map(|raw| raw.compile(at, algorithm, self.scope, lease.is_some(), warnings))
             .transpose()?;
         Ok(Rule {
             counter: window_counter_name(&self.name, algorithm, rate.period, calendar),

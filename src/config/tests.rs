@@ -222,6 +222,10 @@ fn parses_durations() {
         "-1s",
         "10 parsecs",
         "99999999999999999999d",
+        " 10s",
+        "10s ",
+        "10 s",
+        "10S",
     ] {
         assert!(parse_duration(bad).is_err(), "{bad}");
     }
@@ -275,27 +279,77 @@ fn cost_from_response_names_where_the_cost_is_read() {
             r#"{{"name": "r", "key": ["client_ip"], "limit": 1000, "period": "1m", "cost": 100, {extra}}}"#
         ))
     };
+    let compiled = |extra: &str| FilterConfig::from_json(rule(extra).as_bytes()).unwrap();
     let source = |extra: &str| {
-        FilterConfig::from_json(rule(extra).as_bytes()).unwrap().rules[0]
+        compiled(extra).rules[0]
             .cost_from_response
             .clone()
+            .map(|cost| (cost.source, cost.unreported))
     };
+    let path = |text: &str| text.split('.').map(str::to_string).collect::<Vec<_>>();
     assert_eq!(
         source(r#""cost_from_response": {"header": "X-Usage-Tokens"}"#),
-        Some(CostSource::Header("x-usage-tokens".into()))
+        Some((
+            CostSource::Header("x-usage-tokens".into()),
+            UnreportedCost::Estimate
+        ))
     );
     assert_eq!(
-        source(r#""cost_from_response": {"trailer": "x-usage-tokens"}"#),
-        Some(CostSource::Trailer("x-usage-tokens".into()))
+        source(r#""cost_from_response": {"trailer": "x-usage-tokens", "unreported_cost": 4000}"#),
+        Some((
+            CostSource::Trailer("x-usage-tokens".into()),
+            UnreportedCost::Tokens(4000)
+        ))
     );
     assert_eq!(
-        source(r#""cost_from_response": {"json_field": "usage.total_tokens"}"#),
-        Some(CostSource::JsonField {
-            path: vec!["usage".into(), "total_tokens".into()],
-            max_body_bytes: DEFAULT_COST_BODY_BYTES,
-        })
+        source(
+            r#""cost_from_response": {"json_field": "choices.0.usage.total_tokens", "unreported_cost": "estimate"}"#
+        ),
+        Some((
+            CostSource::Body(vec![CostField {
+                path: path("choices.0.usage.total_tokens"),
+                weight: 1
+            }]),
+            UnreportedCost::Estimate
+        ))
+    );
+    assert_eq!(
+        source(
+            r#""cost_from_response": {"json_fields": [{"path": "usage.prompt_tokens"},
+                {"path": "usage.completion_tokens", "weight": 4}], "unreported_cost": 0}"#
+        ),
+        Some((
+            CostSource::Body(vec![
+                CostField {
+                    path: path("usage.prompt_tokens"),
+                    weight: 1
+                },
+                CostField {
+                    path: path("usage.completion_tokens"),
+                    weight: 4
+                },
+            ]),
+            UnreportedCost::Tokens(0)
+        ))
     );
     assert_eq!(source(r#""shadow": false"#), None);
+    // Loud, not refused: no unreported_cost (aborting costs only the estimate), and the
+    // max_body_bytes of older configurations (nothing of a body is kept any more).
+    let warnings = compiled(r#""cost_from_response": {"json_field": "n", "max_body_bytes": 10}"#).warnings;
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with("rules[0].cost_from_response.max_body_bytes"),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings[1].starts_with("rules[0].cost_from_response.unreported_cost"),
+        "{warnings:?}"
+    );
+    assert!(
+        compiled(r#""cost_from_response": {"header": "x", "unreported_cost": 9}"#)
+            .warnings
+            .is_empty()
+    );
     let cases = [
         (r#""cost_from_response": {}"#, "rules[0].cost_from_response"),
         (
@@ -315,12 +369,40 @@ fn cost_from_response_names_where_the_cost_is_read() {
             "rules[0].cost_from_response.json_field",
         ),
         (
-            r#""cost_from_response": {"json_field": "usage", "max_body_bytes": 0}"#,
-            "rules[0].cost_from_response.max_body_bytes",
+            r#""cost_from_response": {"json_field": "usage. tokens"}"#,
+            "rules[0].cost_from_response.json_field",
         ),
         (
-            r#""cost_from_response": {"json_field": "usage", "max_body_bytes": 2000000}"#,
-            "rules[0].cost_from_response.max_body_bytes",
+            r#""cost_from_response": {"json_field": "a", "json_fields": [{"path": "b"}]}"#,
+            "rules[0].cost_from_response",
+        ),
+        (
+            r#""cost_from_response": {"json_fields": []}"#,
+            "rules[0].cost_from_response.json_fields",
+        ),
+        (
+            r#""cost_from_response": {"json_fields": [{"path": "a"}, {"path": "a", "weight": 2}]}"#,
+            "rules[0].cost_from_response.json_fields[1].path",
+        ),
+        (
+            r#""cost_from_response": {"json_fields": [{"path": "a", "weight": 0}]}"#,
+            "rules[0].cost_from_response.json_fields[0].weight",
+        ),
+        (
+            r#""cost_from_response": {"json_fields": [{"path": "a", "price": 2}]}"#,
+            "price",
+        ),
+        (
+            r#""cost_from_response": {"header": "x", "unreported_cost": "maximum"}"#,
+            "rules[0].cost_from_response.unreported_cost",
+        ),
+        (
+            r#""cost_from_response": {"header": "x", "unreported_cost": -1}"#,
+            "rules[0].cost_from_response.unreported_cost",
+        ),
+        (
+            r#""cost_from_response": {"header": "x", "unreported_cost": 1.5}"#,
+            "rules[0].cost_from_response.unreported_cost",
         ),
         (
             r#""cost_from_response": {"header": "x", "max_body_bytes": 10}"#,

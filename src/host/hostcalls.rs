@@ -56,9 +56,19 @@ pub fn header(map: MapType, name: &str) -> Option<String> {
     Some(header_text(bytes))
 }
 
+/// Every header (or trailer) of `map`, as (name, value bytes) pairs.
+pub fn header_map(map: MapType) -> Vec<(String, Vec<u8>)> {
+    hostcalls::get_map_bytes(map).unwrap_or_default()
+}
+
+/// Sets a request header (replacing every value it had), or removes it with `None`.
+pub fn set_request_header(name: &str, value: Option<&str>) -> Result<(), HostError> {
+    hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value).map_err(HostError)
+}
+
 /// Every request header, as (name, value bytes) pairs, pseudo-headers included.
 pub fn request_headers() -> Vec<(String, Vec<u8>)> {
-    hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_default()
+    header_map(MapType::HttpRequestHeaders)
 }
 
 pub fn add_response_header(name: &str, value: &str) -> Result<(), HostError> {
@@ -83,9 +93,9 @@ pub fn http_call_response_body(size: usize) -> Vec<u8> {
         .unwrap_or_default()
 }
 
-/// The chunk of the response body passing through this callback.
-pub fn response_body_chunk(size: usize) -> Vec<u8> {
-    hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size)
+/// Part of the chunk of the response body passing through this callback.
+pub fn response_body_part(start: usize, size: usize) -> Vec<u8> {
+    hostcalls::get_buffer(BufferType::HttpResponseBody, start, size)
         .ok()
         .flatten()
         .unwrap_or_default()

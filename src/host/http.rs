@@ -3,14 +3,15 @@
 //! to the response.
 
 use super::hostcalls::{
-    add_response_header, header, now_ms, property_bytes, property_text, request_headers, response_body_chunk,
+    add_response_header, header_map, log, now_ms, property_bytes, property_text, request_headers,
+    response_body_part, set_request_header,
 };
 use super::request_state::PendingRequest;
 use super::Worker;
-use crate::attributes::{claim_text, combined_header, RequestAttributes};
+use crate::attributes::{claim_text, combined_header, header_text, RequestAttributes};
 use crate::plan::plan;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, MapType};
+use proxy_wasm::types::{Action, LogLevel, MapType};
 use std::cell::OnceCell;
 use std::rc::Rc;
 
@@ -71,6 +72,16 @@ impl HttpContext for RateLimitRequest {
         if planned.is_empty() {
             return Action::Continue;
         }
+        let reads_body = planned.iter().any(|check| {
+            check
+                .rule
+                .cost_from_response
+                .as_ref()
+                .is_some_and(|cost| cost.reads_body())
+        });
+        if reads_body {
+            ask_for_a_readable_body();
+        }
         let transition = self.request.start(&worker, planned, now_ms());
         worker.dispatcher.proceed(&worker, &self.request, transition)
     }
@@ -86,19 +97,24 @@ impl HttpContext for RateLimitRequest {
             let _ = add_response_header(&name, &value);
         }
         if !state.response_costs.is_empty() {
+            let headers = header_map(MapType::HttpResponseHeaders);
             state
                 .response_costs
-                .read_headers(|name| header(MapType::HttpResponseHeaders, name));
+                .read_headers(|name| values_of(&headers, name), &self.worker.body_budget);
         }
         Action::Continue
     }
 
-    /// Each chunk passes on at once; a copy is kept only while a rule reads its cost from
-    /// a JSON body.
+    /// Each chunk passes on at once; while a rule reads its cost from the body, the chunk
+    /// is read in slices of at most `BODY_SLICE` bytes (so a large chunk never grows the
+    /// VM's memory) and nothing of it is kept.
     fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
         let mut state = self.request.state.borrow_mut();
-        if state.response_costs.wants_body() {
-            state.response_costs.add_body(&response_body_chunk(body_size));
+        let mut start = 0;
+        while start < body_size && state.response_costs.wants_body() {
+            let size = BODY_SLICE.min(body_size - start);
+            state.response_costs.add_body(&response_body_part(start, size));
+            start += size;
         }
         Action::Continue
     }
@@ -106,10 +122,40 @@ impl HttpContext for RateLimitRequest {
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
         let mut state = self.request.state.borrow_mut();
         if !state.response_costs.is_empty() {
+            let trailers = header_map(MapType::HttpResponseTrailers);
             state
                 .response_costs
-                .read_trailers(|name| header(MapType::HttpResponseTrailers, name));
+                .read_trailers(|name| values_of(&trailers, name));
         }
         Action::Continue
+    }
+}
+
+/// The most of a response body copied into the VM at once.
+const BODY_SLICE: usize = 16 * 1024;
+
+/// Every value of a header (it may be repeated), as text.
+fn values_of(map: &[(String, Vec<u8>)], name: &str) -> Vec<String> {
+    map.iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, value)| header_text(value.clone()))
+        .collect()
+}
+
+/// For a request whose cost is read from its response body: nothing the client sends
+/// may make that body unreadable, and so cheaper. The upstream is asked for an
+/// uncompressed body (`accept-encoding: identity`), and for the whole of it (no `range`).
+fn ask_for_a_readable_body() {
+    for (name, value) in [
+        ("accept-encoding", Some("identity")),
+        ("range", None),
+        ("if-range", None),
+    ] {
+        if let Err(error) = set_request_header(name, value) {
+            log(
+                LogLevel::Warn,
+                &format!("cannot set the request's {name}: {error}"),
+            );
+        }
     }
 }

@@ -15,6 +15,7 @@ mod stats;
 use crate::config::FilterConfig;
 use crate::local::LocalLayer;
 use crate::request::Event;
+use crate::settlement::BodyBudget;
 use crate::stats::Count;
 use dispatcher::Dispatcher;
 use hostcalls::{log, SharedData};
@@ -37,6 +38,8 @@ pub struct Worker {
     config: FilterConfig,
     stats: Stats,
     dispatcher: Dispatcher,
+    /// What this worker's readers of response bodies may hold, together.
+    body_budget: BodyBudget,
 }
 
 impl Worker {

@@ -70,10 +70,10 @@ impl PendingRequest {
             worker.dispatcher.flush_adjustments();
         }
         // Settled on the stream's end, not the client's: a client gone mid-response is
-        // charged what the response reported so far (or the estimate).
+        // charged what the response reported so far (or its rule's unreported_cost).
         let costs = std::mem::take(&mut self.state.borrow_mut().response_costs);
         if !costs.is_empty() {
-            let (settlements, counts) = costs.finish();
+            let (settlements, counts) = costs.finish(&worker.body_budget);
             worker.count(counts);
             worker.dispatcher.settle(settlements);
         }

@@ -11,6 +11,7 @@ use super::stats::Stats;
 use super::Worker;
 use crate::config::FilterConfig;
 use crate::local::create_slots;
+use crate::settlement::BodyBudget;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 use std::collections::hash_map::RandomState;
@@ -51,6 +52,7 @@ impl RateLimitRoot {
         Ok(Worker {
             id: worker_id,
             stats: Stats::define(&config),
+            body_budget: BodyBudget::new(config.cost_body_budget_bytes),
             config,
             dispatcher,
         })
@@ -86,6 +88,9 @@ impl RootContext for RateLimitRoot {
                     LogLevel::Info,
                     &format!("configured with {} rule(s)", worker.config.rules.len()),
                 );
+                for warning in &worker.config.warnings {
+                    log(LogLevel::Warn, &format!("plugin configuration: {warning}"));
+                }
                 self.worker = Some(Rc::new(worker));
                 true
             }

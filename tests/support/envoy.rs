@@ -58,7 +58,7 @@ impl Envoy {
         Envoy::start_bootstrap_with_workers(config, 2)
     }
 
-    fn start_bootstrap_with_workers(config: &Value, workers: u32) -> Envoy {
+    pub fn start_bootstrap_with_workers(config: &Value, workers: u32) -> Envoy {
         Envoy::start_bootstrap_with_args(config, workers, &[])
     }
 
@@ -112,6 +112,27 @@ impl Envoy {
             .lines()
             .find_map(|line| line.strip_prefix(name)?.strip_prefix(": ")?.trim().parse().ok())
             .unwrap_or(0)
+    }
+
+    /// Envoy's resident memory outside its heap: mostly the Wasm VMs' memory (V8 maps it
+    /// itself), without the connection buffers that Envoy's allocator holds.
+    pub fn resident_outside_heap_bytes(&self) -> u64 {
+        let memory = get(&format!("http://127.0.0.1:{}/memory", self.admin_port), &[]).body;
+        let json: Value = serde_json::from_str(&memory).unwrap();
+        let field = |name: &str| -> u64 { json[name].as_str().unwrap().parse().unwrap() };
+        let resident_heap = field("heap_size").saturating_sub(field("pageheap_unmapped"));
+        self.rss_bytes().saturating_sub(resident_heap)
+    }
+
+    /// Envoy's resident memory (its heap, and the Wasm VMs' memory beside it).
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.process.pid())).unwrap();
+        let kib: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        kib * 1024
     }
 
     /// Bytes allocated by Envoy's heap, from the admin `/memory`.

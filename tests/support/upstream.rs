@@ -4,11 +4,17 @@
 //! the connection closes), `reset-early` (the connection closes before any response),
 //! `never` (no answer until Envoy gives up on it). An answer reports what the request
 //! cost, as a language-model API does, when the request's `x-report` says where: `header`
-//! (`x-usage-tokens`), `trailer` (`x-usage-tokens` after a chunked body), `json`
-//! (`usage.total_tokens` in a JSON body) or `stall` (the header, then a body that never
-//! ends until Envoy gives up on it), the count being its `x-tokens`. A thread per
-//! connection on 127.0.0.1; [`Upstream::in_flight`] counts the requests received and not
-//! yet answered, so tests wait on it rather than sleep.
+//! (`x-usage-tokens`; `header-twice` sends it twice, 1 first), `trailer` (`x-usage-tokens` after a chunked body), `json`
+//! (`usage.total_tokens` in a JSON body), `stall` (the header, then a body that never
+//! ends until Envoy gives up on it), `stall-json` (most of a JSON body, never its usage),
+//! `big-json` (1 MiB of text before the usage), `openai-stream` (OpenAI's chat completion
+//! chunks as server-sent events, the usage in the final one) or `anthropic-stream`
+//! (Anthropic's message events: input tokens first, output tokens last), the count being
+//! its `x-tokens` (the output; `x-prompt-tokens` the input, 1 unless given). Like a real
+//! API it compresses when the request accepts gzip (`content-encoding: gzip`) and
+//! answers a `range` with 206 and that part of the body. A thread per connection on
+//! 127.0.0.1; [`Upstream::in_flight`] counts the requests received and not yet answered,
+//! so tests wait on it rather than sleep.
 
 use std::collections::HashSet;
 use std::io::{ErrorKind, Read, Write};
@@ -86,9 +92,13 @@ struct Head {
     hold: String,
     report: String,
     tokens: String,
+    prompt_tokens: String,
+    accept_encoding: String,
+    range: String,
 }
 
-/// Reads one request head (the tests send no bodies); `None` once the peer closed.
+/// Reads one request head, and skips its body (by its content-length); `None` once the
+/// peer closed.
 fn read_head(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Head> {
     loop {
         if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -102,11 +112,23 @@ fn read_head(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<Head> {
                     .map(|(_, v)| v.trim().to_string())
                     .unwrap_or_default()
             };
+            let body_length: usize = header("content-length").parse().unwrap_or(0);
+            while buffer.len() < body_length {
+                let mut chunk = [0u8; 4096];
+                match stream.read(&mut chunk) {
+                    Ok(0) | Err(_) => return None,
+                    Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                }
+            }
+            buffer.drain(..body_length);
             return Some(Head {
                 behaviour: header("x-upstream"),
                 hold: header("x-hold"),
                 report: header("x-report"),
                 tokens: header("x-tokens"),
+                prompt_tokens: header("x-prompt-tokens"),
+                accept_encoding: header("accept-encoding"),
+                range: header("range"),
             });
         }
         let mut chunk = [0u8; 4096];
@@ -187,14 +209,51 @@ fn answer(stream: &mut TcpStream, shared: &Shared, head: &Head) -> bool {
         return false;
     }
     let tokens = &head.tokens;
+    let prompt: u64 = head.prompt_tokens.parse().unwrap_or(1);
     let response = match head.report.as_str() {
         "header" => format!("HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-usage-tokens: {tokens}\r\n\r\nok"),
+        "header-twice" => format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-usage-tokens: 1\r\nx-usage-tokens: {tokens}\r\n\r\nok"
+        ),
         "json" => {
-            let body = format!(r#"{{"id":"chat-1","usage":{{"prompt_tokens":1,"total_tokens":{tokens}}}}}"#);
-            format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
-            )
+            let body = format!(
+                r#"{{"id":"chat-1","choices":[{{"index":0,"n":{tokens}}}],"usage":{{"prompt_tokens":{prompt},"total_tokens":{tokens}}}}}"#
+            );
+            return write_body(stream, head, "application/json", body.as_bytes());
+        }
+        "big-json" => {
+            let padding = "x".repeat(1 << 20);
+            let body = format!(r#"{{"id":"chat-1","text":"{padding}","usage":{{"total_tokens":{tokens}}}}}"#);
+            return write_body(stream, head, "application/json", body.as_bytes());
+        }
+        "openai-stream" => {
+            let chunk = |rest: &str| {
+                format!(
+                    r#"data: {{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",{rest}}}"#
+                ) + "\n\n"
+            };
+            let mut body = String::new();
+            for word in ["Hello", " there", "!"] {
+                body += &chunk(&format!(
+                    r#""choices":[{{"index":0,"delta":{{"content":"{word}"}},"finish_reason":null}}],"usage":null"#
+                ));
+            }
+            body += &chunk(r#""choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":null"#);
+            body += &chunk(&format!(
+                r#""choices":[],"usage":{{"prompt_tokens":{prompt},"completion_tokens":{tokens},"total_tokens":{}}}"#,
+                prompt + tokens.parse::<u64>().unwrap_or(0)
+            ));
+            body += "data: [DONE]\n\n";
+            return write_body(stream, head, "text/event-stream", body.as_bytes());
+        }
+        "anthropic-stream" => {
+            let body = format!(
+                "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"msg_1\",\"usage\":{{\"input_tokens\":{prompt},\"output_tokens\":1}}}}}}\n\n\
+                 event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"Hi\"}}}}\n\n\
+                 event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"end_turn\"}},\"usage\":{{\"output_tokens\":{tokens}}}}}\n\n\
+                 event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"
+            );
+            return write_body(stream, head, "text/event-stream", body.as_bytes());
         }
         "trailer" => format!(
             "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-usage-tokens\r\n\r\n\
@@ -203,6 +262,17 @@ fn answer(stream: &mut TcpStream, shared: &Shared, head: &Head) -> bool {
         "stall" => {
             let head = format!(
                 "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nx-usage-tokens: {tokens}\r\n\r\n5\r\nhello\r\n"
+            );
+            if stream.write_all(head.as_bytes()).is_ok() {
+                wait(stream, shared, || false);
+            }
+            return false;
+        }
+        "stall-json" => {
+            let part = r#"{"id":"chat-1","choices":[{"message":{"content":"most of the answer"#;
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{part}\r\n",
+                part.len()
             );
             if stream.write_all(head.as_bytes()).is_ok() {
                 wait(stream, shared, || false);
@@ -218,4 +288,34 @@ fn answer(stream: &mut TcpStream, shared: &Shared, head: &Head) -> bool {
         }
     };
     stream.write_all(response.as_bytes()).is_ok()
+}
+
+/// Writes a body as a real API would for this request: compressed when it accepts gzip
+/// (the bytes stand for a gzip stream; no reader here inflates them), and only the
+/// part a `range` asks for, with 206.
+fn write_body(stream: &mut TcpStream, head: &Head, content_type: &str, body: &[u8]) -> bool {
+    let mut extra = String::new();
+    let mut status = "200 OK";
+    let mut body = body.to_vec();
+    if let Some(end) = head
+        .range
+        .strip_prefix("bytes=0-")
+        .and_then(|end| end.parse::<usize>().ok())
+    {
+        body.truncate(end + 1);
+        status = "206 Partial Content";
+    }
+    if head.accept_encoding.contains("gzip") {
+        extra += "content-encoding: gzip\r\n";
+        body = [
+            &[0x1f, 0x8b, 0x08, 0x00][..],
+            &body.iter().rev().copied().collect::<Vec<_>>(),
+        ]
+        .concat();
+    }
+    let head = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n{extra}\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).is_ok() && stream.write_all(&body).is_ok()
 }

@@ -51,9 +51,10 @@ pub const TOKEN_HEADER: &str = "x-ratelimit-token";
 pub const MAX_CHECKS: usize = 16;
 /// Longest counter key accepted, before the shim's namespace prefix.
 pub const MAX_KEY_LEN: usize = 200;
-/// Deepest debt a settlement may charge, in limits: a response reporting more than this
-/// beyond its estimate is charged this much (the client waits this many periods of a
-/// token bucket at most), which keeps every time in the scripts exact.
+/// Deepest debt of a counter, in limits: a settlement charges at most this much beyond
+/// its estimate, and the shim's script stops a key's debt here however many settlements
+/// arrive (a token bucket's client waits at most this many periods more), which keeps
+/// every time in the scripts exact.
 pub const MAX_DEBT_LIMITS: u64 = 100;
 
 /// The counting algorithm a check runs in Redis.
