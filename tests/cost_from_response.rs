@@ -372,8 +372,14 @@ fn a_stream_read_by_the_official_openai_client_is_charged_its_weighted_usage() {
 #[test]
 fn nothing_the_client_sends_makes_the_response_cheaper() {
     let stack = LlmStack::start();
-    // It accepts gzip: the upstream is asked for identity, so the body stays readable.
-    let gzip = stack.ask_with("/priced", "gzip", "json", 900, &[("accept-encoding", "gzip, br")]);
+    // It accepts gzip, as a content or a transfer coding: the upstream is asked for identity, so the body stays readable.
+    let gzip = stack.ask_with(
+        "/priced",
+        "gzip",
+        "json",
+        900,
+        &[("accept-encoding", "gzip, br"), ("te", "gzip")],
+    );
     assert_eq!(gzip.status, 200, "{}", gzip.body);
     assert_eq!(
         gzip.header("content-encoding"),

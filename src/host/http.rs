@@ -144,10 +144,12 @@ fn values_of(map: &[(String, Vec<u8>)], name: &str) -> Vec<String> {
 
 /// For a request whose cost is read from its response body: nothing the client sends
 /// may make that body unreadable, and so cheaper. The upstream is asked for an
-/// uncompressed body (`accept-encoding: identity`), and for the whole of it (no `range`).
+/// uncompressed body (`accept-encoding: identity`, and `te` no transfer coding beyond
+/// trailers), and for the whole of it (no `range`).
 fn ask_for_a_readable_body() {
     for (name, value) in [
         ("accept-encoding", Some("identity")),
+        ("te", Some("trailers")),
         ("range", None),
         ("if-range", None),
     ] {
