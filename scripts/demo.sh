@@ -19,7 +19,7 @@ row() { # label, then curl arguments
 heading() {
     echo
     echo "$1"
-    printf '%-14s %-6s %-6s %-10s %-11s %-12s %s\n' request status limit remaining reset retry-after "RateLimit (IETF draft)"
+    printf '%-14s %-6s %-6s %-10s %-11s %-12s %s\n' request status limit remaining reset retry-after "RateLimit (draft-7)"
 }
 
 key="demo-$run_id"
@@ -65,7 +65,7 @@ row "GET /slow #4" -H "x-api-key: $slow_key" "$url/slow"
 heading "A daily quota (daily: 3 per calendar day per x-daily-key, resetting at midnight at UTC-03:30)"
 for i in 1 2 3 4; do row "GET / #$i" -H "x-daily-key: daily-$run_id" "$url/"; done
 # The next midnight at -03:30 (the POSIX zone "<-0330>3:30"), which Retry-After, the
-# draft's t and X-RateLimit-Reset above point at.
+# RateLimit reset and X-RateLimit-Reset above point at.
 midnight=$(TZ='<-0330>3:30' date -d 'tomorrow 00:00' +%s)
 echo "Next midnight at -03:30: $(date -u -d "@$midnight" '+%F %T UTC') = X-RateLimit-Reset $midnight, in $((midnight - $(date +%s))) s"
 

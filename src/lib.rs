@@ -37,6 +37,7 @@ pub mod keys;
 pub mod local;
 pub mod matching;
 pub mod plan;
+pub mod rate_headers;
 pub mod request;
 pub mod response;
 pub mod response_body;

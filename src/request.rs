@@ -156,12 +156,16 @@ impl RequestDecision {
         };
         self.count_asked(failed, &mut events);
         // A rule falling back to a local bucket is counted as allowed or denied instead.
+        let mut failing_closed = Vec::new();
         for (item, state) in self.planned.iter().zip(&self.pass.checks) {
             let stat = match (state, item.rule.on_failure) {
                 (CheckState::AskShim { .. }, RuleFailureMode::Open) => Stat::FailedOpen,
                 (CheckState::AskShim { .. }, RuleFailureMode::Closed) => Stat::FailedClosed,
                 _ => continue,
             };
+            if stat == Stat::FailedClosed && !item.rule.shadow {
+                failing_closed.push(item.rule.name.clone());
+            }
             events.push(Event::Count(Count {
                 rule_index: item.rule_index,
                 stat,
@@ -169,7 +173,10 @@ impl RequestDecision {
         }
         events.push(Event::ShimFailed(failure));
         let next = match local.fall_back(&self.planned, &mut self.pass, now_ms) {
-            FallbackVerdict::Closed => Outcome::Reply(unavailable()),
+            FallbackVerdict::Closed => {
+                let names: Vec<&str> = failing_closed.iter().map(String::as_str).collect();
+                Outcome::Reply(unavailable(&names))
+            }
             // Pending rules without a fallback decision pass unseen by the headers.
             FallbackVerdict::Refused | FallbackVerdict::Allow => {
                 self.decide_known(local, now_ms, &mut events)

@@ -5,15 +5,17 @@
 //! Both are pure: the host layer only applies the [`Outcome`]. Shadow rules never refuse
 //! and never appear in client-facing headers.
 
-use crate::config::{HeaderStyle, ResponseSettings, Rule};
+use crate::config::{ResponseSettings, Rule};
+use crate::rate_headers::{self, retry_after_seconds, RETRY_AFTER_HEADER};
 use crate::wire::calendar::UtcOffset;
 use crate::wire::{Algorithm, Check, CheckResult};
 use serde_json::json;
 
-pub const RETRY_AFTER_HEADER: &str = "retry-after";
-pub const POLICY_HEADER: &str = "ratelimit-policy";
-pub const RATELIMIT_HEADER: &str = "ratelimit";
 const PROBLEM_JSON: &str = "application/problem+json";
+/// The draft's problem types (draft-ietf-httpapi-ratelimit-headers, "Problem Types").
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+const TEMPORARY_REDUCED_CAPACITY: &str =
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
 
 pub type Headers = Vec<(String, String)>;
 
@@ -56,7 +58,14 @@ pub fn decide(judged: &[Judged<'_>], now_unix_ms: u64, settings: &ResponseSettin
     let headers = rate_limit_headers(&enforcing, refusing, now_unix_ms, settings);
     match refusing {
         None => Outcome::Allow { headers },
-        Some(refusing) => Outcome::Reply(refusal(refusing, headers, settings)),
+        Some(refusing) => {
+            let violated: Vec<&str> = enforcing
+                .iter()
+                .filter(|j| !j.result.allowed)
+                .map(|j| j.rule.name.as_str())
+                .collect();
+            Outcome::Reply(refusal(refusing, &violated, headers, settings))
+        }
     }
 }
 
@@ -69,13 +78,15 @@ pub fn shadow_refusals<'a>(judged: &[Judged<'a>]) -> Vec<&'a str> {
         .collect()
 }
 
-/// The reply when the shim gave no usable answer and a rule fails closed.
-pub fn unavailable() -> LocalReply {
+/// The reply when the shim gave no usable answer and the rules `failing_closed` fail
+/// closed: the draft's `temporary-reduced-capacity` problem naming them.
+pub fn unavailable(failing_closed: &[&str]) -> LocalReply {
     let body = json!({
-        "type": "about:blank",
-        "title": "Service Unavailable",
+        "type": TEMPORARY_REDUCED_CAPACITY,
+        "title": "Temporary Reduced Capacity",
         "status": 503,
         "detail": "The rate limiter could not reach its backend and is configured to fail closed.",
+        "violated-policies": failing_closed,
     });
     LocalReply {
         status: 503,
@@ -85,70 +96,6 @@ pub fn unavailable() -> LocalReply {
         ],
         body: body.to_string(),
     }
-}
-
-fn ceil_seconds(ms: u64) -> u64 {
-    ms.div_ceil(1000)
-}
-
-/// `Retry-After` of a refusal: whole seconds rounded up, never 0, so a client that obeys
-/// it never comes back before the refusing rule admits it.
-fn retry_after_seconds(result: &CheckResult) -> u64 {
-    ceil_seconds(result.retry_after_ms).max(1)
-}
-
-/// Seconds until the draft's quota `t`: for the refusing rule the same value as
-/// `Retry-After` (never earlier), otherwise until the counter is full again. A
-/// concurrency limit has no such time while it admits (its slots free as requests end,
-/// whenever that is): no `t` then.
-fn draft_reset_seconds(judged: &Judged<'_>, is_refusing: bool) -> Option<u64> {
-    let result = &judged.result;
-    let concurrency = judged.check.algorithm == Algorithm::Concurrency;
-    if is_refusing || (concurrency && !result.allowed) {
-        Some(retry_after_seconds(result))
-    } else if concurrency {
-        None
-    } else {
-        Some(ceil_seconds(result.reset_ms))
-    }
-}
-
-/// Milliseconds until `X-RateLimit-Reset`: until the counter is full again, and for a
-/// refused concurrency check until it may be retried (its counter is full again only
-/// when every request in flight has ended, which nothing foretells).
-fn x_reset_ms(judged: &Judged<'_>) -> u64 {
-    let result = &judged.result;
-    if judged.check.algorithm == Algorithm::Concurrency && !result.allowed {
-        result.retry_after_ms
-    } else {
-        result.reset_ms
-    }
-}
-
-/// The draft's `RateLimit-Policy` item for a rule: a rate's quota over its window `w`,
-/// or a concurrency limit's quota of requests in flight (`qu`), which has no window.
-fn draft_policy(judged: &Judged<'_>, now_unix_ms: u64) -> String {
-    let Judged { rule, check, .. } = judged;
-    if check.algorithm == Algorithm::Concurrency {
-        format!("\"{}\";q={};qu=\"concurrent-requests\"", rule.name, check.limit)
-    } else {
-        format!(
-            "\"{}\";q={};w={}",
-            rule.name,
-            check.limit,
-            policy_window_seconds(check, now_unix_ms)
-        )
-    }
-}
-
-/// The draft's window `w` in seconds: the period, or for a calendar rule the length of
-/// the calendar window holding now (a month of 28 to 31 days, a day, a week).
-fn policy_window_seconds(check: &Check, now_unix_ms: u64) -> u64 {
-    let window_ms = match check.calendar {
-        Some(calendar) => calendar.length_at(i64::try_from(now_unix_ms).unwrap_or(i64::MAX)),
-        None => check.period_ms,
-    };
-    ceil_seconds(window_ms).max(1)
 }
 
 /// How a refusal names the rule's window: "per 60000 ms", "per month (UTC+05:30)".
@@ -165,7 +112,6 @@ fn rate_limit_headers(
     now_unix_ms: u64,
     settings: &ResponseSettings,
 ) -> Headers {
-    let mut headers = Vec::new();
     // The rule that refused, else the one with the least headroom.
     let tightest = refusing.or_else(|| {
         enforcing
@@ -173,43 +119,23 @@ fn rate_limit_headers(
             .copied()
             .min_by_key(|j| (j.result.remaining, std::cmp::Reverse(j.result.reset_ms)))
     });
-    let Some(tightest) = tightest else {
-        return headers;
-    };
-    let style = settings.header_style;
-    if matches!(style, HeaderStyle::XRateLimit | HeaderStyle::Both) {
-        let result = &tightest.result;
-        headers.push((settings.limit_header.clone(), result.limit.to_string()));
-        headers.push((settings.remaining_header.clone(), result.remaining.to_string()));
-        headers.push((
-            settings.reset_header.clone(),
-            ceil_seconds(now_unix_ms + x_reset_ms(tightest)).to_string(),
-        ));
+    match tightest {
+        Some(tightest) => rate_headers::write(enforcing, tightest, now_unix_ms, settings),
+        None => Vec::new(),
     }
-    if matches!(style, HeaderStyle::IetfDraft | HeaderStyle::Both) {
-        let policies: Vec<String> = enforcing.iter().map(|j| draft_policy(j, now_unix_ms)).collect();
-        let states: Vec<String> = enforcing
-            .iter()
-            .map(|j| {
-                let is_refusing = refusing.is_some_and(|r| std::ptr::eq(r, *j));
-                let state = format!("\"{}\";r={}", j.rule.name, j.result.remaining);
-                match draft_reset_seconds(j, is_refusing) {
-                    Some(t) => format!("{state};t={t}"),
-                    None => state,
-                }
-            })
-            .collect();
-        headers.push((POLICY_HEADER.into(), policies.join(", ")));
-        headers.push((RATELIMIT_HEADER.into(), states.join(", ")));
-    }
-    headers
 }
 
-/// The refusal: rate-limit headers, `Retry-After`, and an RFC 9457 problem document
-/// naming the rule (or the configured body).
-fn refusal(judged: &Judged<'_>, mut headers: Headers, settings: &ResponseSettings) -> LocalReply {
+/// The refusal: rate-limit headers, `Retry-After`, and an RFC 9457 problem document of
+/// the draft's `quota-exceeded` type naming every refusing rule in `violated-policies`
+/// and detailing the one whose wait is longest (or the configured body).
+fn refusal(
+    judged: &Judged<'_>,
+    violated: &[&str],
+    mut headers: Headers,
+    settings: &ResponseSettings,
+) -> LocalReply {
     let Judged { rule, check, result } = *judged;
-    let retry_after = retry_after_seconds(&result);
+    let retry_after = retry_after_seconds(result.retry_after_ms);
     headers.push((RETRY_AFTER_HEADER.into(), retry_after.to_string()));
     let (content_type, body) = match &settings.body {
         Some(custom) => (
@@ -223,9 +149,10 @@ fn refusal(judged: &Judged<'_>, mut headers: Headers, settings: &ResponseSetting
         None if check.algorithm == Algorithm::Concurrency => (
             PROBLEM_JSON.to_string(),
             json!({
-                "type": "about:blank",
-                "title": "Too Many Requests",
+                "type": QUOTA_EXCEEDED,
+                "title": "Quota Exceeded",
                 "status": settings.status,
+                "violated-policies": violated,
                 "detail": format!(
                     "Concurrency limit '{}' reached: {} requests in flight. Retry in {} s.",
                     rule.name, check.limit, retry_after
@@ -239,9 +166,10 @@ fn refusal(judged: &Judged<'_>, mut headers: Headers, settings: &ResponseSetting
         ),
         None => {
             let mut problem = json!({
-                "type": "about:blank",
-                "title": "Too Many Requests",
+                "type": QUOTA_EXCEEDED,
+                "title": "Quota Exceeded",
                 "status": settings.status,
+                "violated-policies": violated,
                 "detail": format!(
                     "Rate limit '{}' exceeded: {} {}. Retry in {} s.",
                     rule.name,
@@ -282,11 +210,14 @@ fn refusal(judged: &Judged<'_>, mut headers: Headers, settings: &ResponseSetting
 mod tests {
     use super::*;
     // On wasm32 the same tests run under wasm-bindgen-test (Node).
-    use crate::config::{CustomBody, FilterConfig};
+    use crate::config::{CustomBody, FilterConfig, HeaderDialect};
     use crate::keys::KeyPart;
+    use crate::rate_headers::{POLICY_HEADER, RATELIMIT_HEADER};
     use crate::wire::{Algorithm, Limit};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    const BOTH: &[HeaderDialect] = &[HeaderDialect::XRateLimit, HeaderDialect::Draft10];
 
     fn rule(name: &str, limit: u64, shadow: bool) -> Rule {
         let mut rule = Rule::for_tests(name, vec![KeyPart::ClientIp]);
@@ -334,11 +265,11 @@ mod tests {
         }
     }
 
-    fn settings(style: HeaderStyle) -> ResponseSettings {
+    fn settings(style: &[HeaderDialect]) -> ResponseSettings {
         let mut settings = FilterConfig::from_json(br#"{"shim_cluster": "c", "rules": [{"name": "r", "key": ["client_ip"], "limit": 1, "period": "1s"}]}"#)
             .unwrap()
             .response;
-        settings.header_style = style;
+        settings.dialects = style.to_vec();
         settings
     }
 
@@ -348,7 +279,7 @@ mod tests {
 
     const NOW_MS: u64 = 1_700_000_000_250;
 
-    fn run(rules: &[Rule], results: Vec<CheckResult>, style: HeaderStyle) -> Outcome {
+    fn run(rules: &[Rule], results: Vec<CheckResult>, style: &[HeaderDialect]) -> Outcome {
         let checks: Vec<Check> = rules.iter().map(check_for).collect();
         decide(&judged(rules, &checks, &results), NOW_MS, &settings(style))
     }
@@ -359,7 +290,7 @@ mod tests {
         let Outcome::Allow { headers } = run(
             &rules,
             vec![result(true, 100, 90, 6_000, 0), result(true, 5, 2, 36_000, 0)],
-            HeaderStyle::XRateLimit,
+            &[HeaderDialect::XRateLimit],
         ) else {
             panic!("expected allow")
         };
@@ -379,7 +310,7 @@ mod tests {
                 result(true, 100, 50, 30_000, 0),
                 result(false, 5, 0, 60_000, 11_001),
             ],
-            HeaderStyle::XRateLimit,
+            &[HeaderDialect::XRateLimit],
         ) else {
             panic!("expected a reply")
         };
@@ -408,7 +339,7 @@ mod tests {
                 result(false, 10, 0, 59_000, 5_500),
                 result(false, 1, 0, 1_000, 900),
             ],
-            HeaderStyle::IetfDraft,
+            &[HeaderDialect::Draft10],
         ) else {
             panic!("expected a reply")
         };
@@ -428,7 +359,7 @@ mod tests {
     fn shadow_rules_never_refuse_nor_show() {
         let rules = [rule("live", 100, false), rule("trial", 1, true)];
         let results = vec![result(true, 100, 99, 600, 0), result(false, 1, 0, 1_000, 1_000)];
-        let Outcome::Allow { headers } = run(&rules, results.clone(), HeaderStyle::Both) else {
+        let Outcome::Allow { headers } = run(&rules, results.clone(), BOTH) else {
             panic!("a shadow rule refused")
         };
         assert_eq!(header(&headers, "x-ratelimit-limit"), Some("100"));
@@ -441,7 +372,7 @@ mod tests {
     fn custom_status_body_and_header_names() {
         let rules = [rule("r", 5, false)];
         let checks: Vec<Check> = rules.iter().map(check_for).collect();
-        let mut custom = settings(HeaderStyle::XRateLimit);
+        let mut custom = settings(&[HeaderDialect::XRateLimit]);
         custom.status = 503;
         custom.limit_header = "x-quota".into();
         custom.body = Some(CustomBody {
@@ -474,7 +405,7 @@ mod tests {
         let Outcome::Reply(reply) = run(
             std::slice::from_ref(&monthly),
             vec![result(false, 1000, 0, until_december_ms, until_december_ms)],
-            HeaderStyle::Both,
+            BOTH,
         ) else {
             panic!("expected a reply")
         };
@@ -503,7 +434,7 @@ mod tests {
         let Outcome::Allow { headers } = decide(
             &judged(std::slice::from_ref(&monthly), &checks, &allowed),
             february_2024_ms,
-            &settings(HeaderStyle::IetfDraft),
+            &settings(&[HeaderDialect::Draft10]),
         ) else {
             panic!("expected allow")
         };
@@ -516,7 +447,7 @@ mod tests {
     #[test]
     fn retry_after_is_never_zero() {
         let rules = [rule("a", 5, false)];
-        let Outcome::Reply(reply) = run(&rules, vec![result(false, 5, 0, 100, 1)], HeaderStyle::None) else {
+        let Outcome::Reply(reply) = run(&rules, vec![result(false, 5, 0, 100, 1)], &[]) else {
             panic!("expected a reply")
         };
         assert_eq!(header(&reply.headers, RETRY_AFTER_HEADER), Some("1"));
@@ -526,16 +457,22 @@ mod tests {
     #[test]
     fn no_result_known_lets_the_request_through_without_headers() {
         assert_eq!(
-            decide(&[], NOW_MS, &settings(HeaderStyle::Both)),
+            decide(&[], NOW_MS, &settings(BOTH)),
             Outcome::Allow { headers: vec![] }
         );
     }
 
     #[test]
-    fn failing_closed_answers_503_with_retry_after() {
-        let reply = unavailable();
+    fn failing_closed_answers_503_temporary_reduced_capacity_naming_the_rules() {
+        let reply = unavailable(&["per_user", "global"]);
         assert_eq!(reply.status, 503);
         assert_eq!(header(&reply.headers, RETRY_AFTER_HEADER), Some("1"));
+        let body: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+        assert_eq!(
+            body["type"],
+            "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+        );
+        assert_eq!(body["violated-policies"], json!(["per_user", "global"]));
     }
 
     fn concurrency_rule(name: &str, limit: u64) -> (Rule, Check) {
@@ -557,11 +494,8 @@ mod tests {
         // Admitted with 2 slots left (the last slot in flight expires at the latest in
         // 60 s): no `t`, slots free whenever requests end.
         let results = [result(true, 3, 2, 60_000, 0), result(true, 100, 50, 30_000, 0)];
-        let Outcome::Allow { headers } = decide(
-            &judged(&rules, &checks, &results),
-            NOW_MS,
-            &settings(HeaderStyle::Both),
-        ) else {
+        let Outcome::Allow { headers } = decide(&judged(&rules, &checks, &results), NOW_MS, &settings(BOTH))
+        else {
             panic!("expected allow")
         };
         assert_eq!(
@@ -580,11 +514,8 @@ mod tests {
             result(false, 3, 0, 60_000, 1_000),
             result(true, 100, 50, 30_000, 0),
         ];
-        let Outcome::Reply(reply) = decide(
-            &judged(&rules, &checks, &results),
-            NOW_MS,
-            &settings(HeaderStyle::Both),
-        ) else {
+        let Outcome::Reply(reply) = decide(&judged(&rules, &checks, &results), NOW_MS, &settings(BOTH))
+        else {
             panic!("expected a reply")
         };
         assert_eq!(reply.status, 429);

@@ -45,7 +45,12 @@ fn limit_of_five_admits_five_then_answers_429_with_headers() {
         (1..=12).contains(&retry_after),
         "one token refills in 12 s, got {retry_after}"
     );
-    assert!(refused.number("x-ratelimit-reset") >= unix_now() + 48);
+    // A refusal's reset is the instant Retry-After names, not the bucket's full time.
+    let reset = refused.number("x-ratelimit-reset");
+    assert!(
+        reset >= unix_now() + retry_after - 1 && reset <= unix_now() + retry_after + 1,
+        "reset {reset}, Retry-After {retry_after}"
+    );
     assert_eq!(refused.header("content-type"), Some("application/problem+json"));
     let body: serde_json::Value = serde_json::from_str(&refused.body).unwrap();
     assert_eq!(body["rule"], "per-api-key");
@@ -116,6 +121,16 @@ fn unreachable_shim_applies_the_failure_mode_without_hanging() {
         for _ in 0..3 {
             let reply = get(&envoy.url("/"), &[("x-api-key", "k")]);
             assert_eq!(reply.status, expected, "mode {mode}: {reply:?}");
+            if expected == 503 {
+                // The draft's problem type for a limiter that cannot admit now.
+                let problem: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+                assert_eq!(
+                    problem["type"],
+                    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+                );
+                assert_eq!(problem["violated-policies"], json!(["r"]));
+                assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+            }
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Compiling the filter-wide settings: the shim, the response, the local table, and
 //! every rule (each compiled by [`rule`](super::rule)), with names unique.
 
+use super::header_dialects;
 use super::model::{
-    CustomBody, FilterConfig, HeaderStyle, ResponseSettings, ShimSettings, DEFAULT_COST_BODY_BUDGET_BYTES,
+    CustomBody, FilterConfig, ResponseSettings, ShimSettings, DEFAULT_COST_BODY_BUDGET_BYTES,
     MAX_COST_BODY_BUDGET_BYTES, MIN_COST_BODY_BUDGET_BYTES,
 };
 use super::raw::{RawConfig, RawResponse};
@@ -30,7 +31,7 @@ fn header_name(field: &str, name: Option<String>, default: &str) -> Result<Strin
 }
 
 impl RawResponse {
-    fn compile(self) -> Result<ResponseSettings, ConfigError> {
+    fn compile(self, warnings: &mut Vec<String>) -> Result<ResponseSettings, ConfigError> {
         let status = self.status.unwrap_or(429);
         if !(400..=599).contains(&status) {
             return Err(ConfigError::new(
@@ -64,16 +65,24 @@ impl RawResponse {
             (None, None) => None,
         };
         let names = self.header_names;
+        let limit_header = header_name("response.header_names.limit", names.limit, "x-ratelimit-limit")?;
+        let remaining_header = header_name(
+            "response.header_names.remaining",
+            names.remaining,
+            "x-ratelimit-remaining",
+        )?;
+        let reset_header = header_name("response.header_names.reset", names.reset, "x-ratelimit-reset")?;
+        let dialects = header_dialects::compile(
+            self.headers,
+            [&limit_header, &remaining_header, &reset_header],
+            warnings,
+        )?;
         Ok(ResponseSettings {
             status,
-            header_style: self.headers,
-            limit_header: header_name("response.header_names.limit", names.limit, "x-ratelimit-limit")?,
-            remaining_header: header_name(
-                "response.header_names.remaining",
-                names.remaining,
-                "x-ratelimit-remaining",
-            )?,
-            reset_header: header_name("response.header_names.reset", names.reset, "x-ratelimit-reset")?,
+            dialects,
+            limit_header,
+            remaining_header,
+            reset_header,
             body,
         })
     }
@@ -133,9 +142,10 @@ impl RawConfig {
                 "must be a non-empty metadata key",
             ));
         }
-        let response = self.response.compile()?;
-        // The draft's `w` is whole seconds: a period of 250 ms would announce 1 s.
-        let whole_seconds = matches!(response.header_style, HeaderStyle::IetfDraft | HeaderStyle::Both);
+        let mut warnings = Vec::new();
+        let response = self.response.compile(&mut warnings)?;
+        // The drafts' `w` is whole seconds: a period of 250 ms would announce 1 s.
+        let whole_seconds = header_dialects::announces_windows(&response.dialects);
         if self.rules.is_empty() {
             return Err(ConfigError::new("rules", "at least one rule is required"));
         }
@@ -162,7 +172,6 @@ impl RawConfig {
                 })?,
         };
         let mut names = HashSet::new();
-        let mut warnings = Vec::new();
         let mut rules = Vec::with_capacity(self.rules.len());
         for (index, raw) in self.rules.into_iter().enumerate() {
             let rule = raw.compile(

@@ -11,6 +11,7 @@
 mod compile;
 mod cost_from_response;
 mod duration;
+mod header_dialects;
 mod model;
 mod raw;
 mod rule;
@@ -18,6 +19,9 @@ mod rule;
 mod tests;
 
 pub use duration::parse_duration;
+pub use header_dialects::{
+    headers_of, Form, POLICY_HEADER, RATELIMIT_HEADER, RETRY_AFTER_HEADER, RETRY_AFTER_MS_HEADER,
+};
 pub use model::*;
 use std::fmt;
 

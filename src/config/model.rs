@@ -18,23 +18,30 @@ pub enum FailureMode {
     Closed,
 }
 
-/// Which rate-limit headers responses carry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-pub enum HeaderStyle {
-    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (a Unix time) for the tightest rule.
-    #[default]
-    #[serde(rename = "x-ratelimit")]
+/// A header dialect: one way of telling clients their limit, which some client libraries
+/// read. A filter instance sends the dialects its `response.headers` lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum HeaderDialect {
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` as a Unix time (GitHub's form).
     XRateLimit,
-    /// draft-ietf-httpapi-ratelimit-headers-10: `RateLimit-Policy` and `RateLimit`, one
-    /// list item per rule.
-    #[serde(rename = "ietf-draft")]
-    IetfDraft,
-    /// Both of the above.
-    #[serde(rename = "both")]
-    Both,
-    /// No rate-limit headers (`Retry-After` is still sent on refusals).
-    #[serde(rename = "none")]
-    None,
+    /// The same, `X-RateLimit-Reset` in seconds from now.
+    XRateLimitSeconds,
+    /// Envoy's rate-limit filter's `DRAFT_VERSION_03`: `X-RateLimit-Limit: 10, 10;w=60;
+    /// name="rule"`, `-Remaining`, `-Reset` in seconds from now.
+    EnvoyDraft03,
+    /// draft-ietf-httpapi-ratelimit-headers-06: `RateLimit-Limit`, `-Remaining`, `-Reset`
+    /// (seconds) and `RateLimit-Policy: 10;w=60` (express-rate-limit's `draft-6`).
+    Draft6,
+    /// draft-07: `RateLimit: limit=10, remaining=5, reset=30` and `RateLimit-Policy`.
+    Draft7,
+    /// draft-10: `RateLimit-Policy: "rule";q=10;w=60`, `RateLimit: "rule";r=5;t=30`, `t`
+    /// the seconds until the counter is full again.
+    Draft10,
+    /// draft-11: -10's fields, `r` the available quota and `t` the effective window (no
+    /// more than `r` may be used within it).
+    Draft11,
+    /// `Retry-After-Ms` on refusals: the wait in milliseconds (OpenAI's clients read it).
+    RetryAfterMs,
 }
 
 /// The compiled configuration of one filter instance.
@@ -86,7 +93,8 @@ impl ShimSettings {
 pub struct ResponseSettings {
     /// Status of a refusal (429 unless configured).
     pub status: u32,
-    pub header_style: HeaderStyle,
+    /// Every dialect its headers are written in, none writing a header another writes.
+    pub dialects: Vec<HeaderDialect>,
     /// Lower-case names of the `X-RateLimit-*` style headers.
     pub limit_header: String,
     pub remaining_header: String,

@@ -1,7 +1,8 @@
 //! The configuration as users write it: serde structs that refuse unknown fields, with
 //! their defaults. [`compile`](super::compile) turns them into the [`model`](super::model).
 
-use super::model::{FailureMode, HeaderStyle, Scope};
+use super::header_dialects::RawHeaders;
+use super::model::{FailureMode, Scope};
 use crate::keys::KeyPart;
 use crate::matching::RawMatch;
 use crate::wire::{Algorithm, CalendarUnit};
@@ -52,7 +53,7 @@ pub(super) struct RawResponse {
     #[serde(default)]
     pub(super) status: Option<u32>,
     #[serde(default)]
-    pub(super) headers: HeaderStyle,
+    pub(super) headers: RawHeaders,
     #[serde(default)]
     pub(super) header_names: RawHeaderNames,
     #[serde(default)]

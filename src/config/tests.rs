@@ -35,7 +35,10 @@ fn compiles_a_valid_config() {
     assert_eq!(config.xff_num_trusted_hops, 1);
     assert_eq!(config.jwt_payload_in_metadata, "jwt_payload");
     assert_eq!(config.response.status, 420);
-    assert_eq!(config.response.header_style, HeaderStyle::Both);
+    assert_eq!(
+        config.response.dialects,
+        [HeaderDialect::XRateLimit, HeaderDialect::Draft10]
+    );
     assert_eq!(config.response.limit_header, "x-quota");
     assert_eq!(config.response.remaining_header, "x-ratelimit-remaining");
     let (key_rule, search) = (&config.rules[0], &config.rules[1]);
@@ -606,4 +609,64 @@ fn each_bad_calendar_names_its_field() {
         let err = error_for(&json);
         assert_eq!(err.field, field, "{json}: got {err}");
     }
+}
+
+#[test]
+fn header_dialects_are_listed_by_name_and_clashing_ones_refused() {
+    let rule = r#"[{"name": "r", "key": ["client_ip"], "limit": 5, "period": "1m"}]"#;
+    let config = |headers: &str| {
+        FilterConfig::from_json(
+            format!(r#"{{"shim_cluster": "c", "response": {{"headers": {headers}}}, "rules": {rule}}}"#)
+                .as_bytes(),
+        )
+    };
+    let listed = config(r#"["x-ratelimit", "draft-6", "draft-7", "retry-after-ms", "draft-6"]"#).unwrap();
+    assert_eq!(
+        listed.response.dialects,
+        [
+            HeaderDialect::XRateLimit,
+            HeaderDialect::Draft6,
+            HeaderDialect::Draft7,
+            HeaderDialect::RetryAfterMs
+        ]
+    );
+    assert!(listed.warnings.is_empty(), "{:?}", listed.warnings);
+    assert_eq!(config(r#""none""#).unwrap().response.dialects, []);
+    // The old names still load, and say what they mean.
+    let both = config(r#""both""#).unwrap();
+    assert_eq!(
+        both.response.dialects,
+        [HeaderDialect::XRateLimit, HeaderDialect::Draft10]
+    );
+    assert!(
+        both.warnings
+            .iter()
+            .any(|w| w.contains("ratelimit-header-parser")),
+        "{:?}",
+        both.warnings
+    );
+    for (clash, reason) in [
+        (
+            r#"["draft-7", "draft-10"]"#,
+            "draft-7 and draft-10 both write ratelimit ",
+        ),
+        (
+            r#"["x-ratelimit", "x-ratelimit-seconds"]"#,
+            "both write x-ratelimit-reset",
+        ),
+        (r#"["draft-6", "draft-11"]"#, "both write ratelimit-policy"),
+        (
+            r#"["x-ratelimit", "envoy-draft-03"]"#,
+            "both write x-ratelimit-limit",
+        ),
+    ] {
+        let error = config(clash).unwrap_err();
+        assert_eq!(error.field, "response.headers", "{clash}");
+        assert!(error.reason.contains(reason), "{clash}: {}", error.reason);
+    }
+    let renamed = FilterConfig::from_json(
+        format!(r#"{{"shim_cluster": "c", "response": {{"headers": ["x-ratelimit", "draft-6"], "header_names": {{"reset": "RateLimit-Reset"}}}}, "rules": {rule}}}"#).as_bytes(),
+    )
+    .unwrap_err();
+    assert!(renamed.reason.contains("ratelimit-reset"), "{}", renamed.reason);
 }
