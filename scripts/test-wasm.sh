@@ -9,7 +9,7 @@ runner=$(command -v wasm-bindgen-test-runner || echo "$HOME/.cargo/bin/wasm-bind
 export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER="$runner"
 
 if rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
-    exec cargo test --target wasm32-unknown-unknown -p ratelimit-wasm -p ratelimit-wire --lib
+    exec cargo test --target wasm32-unknown-unknown -p ratelimit-wasm -p ratelimit-rules -p ratelimit-wire --lib
 fi
 PATH=/usr/bin:$PATH RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR=target/wasm-test \
-    exec /usr/bin/cargo test --target wasm32-unknown-unknown -p ratelimit-wasm -p ratelimit-wire --lib -Zbuild-std=std,panic_abort
+    exec /usr/bin/cargo test --target wasm32-unknown-unknown -p ratelimit-wasm -p ratelimit-rules -p ratelimit-wire --lib -Zbuild-std=std,panic_abort

@@ -4,9 +4,9 @@
 //! filter: the thin host layer in `host`. Compiled natively, it is the pure decision
 //! logic that layer drives, which `cargo test` exercises whole:
 //!
-//! - [`config`]: the plugin configuration, checked and compiled once;
-//! - [`attributes`], [`matching`], [`keys`], [`plan`]: what a request offers, which rules
-//!   apply to it, the counter keys, and the checks it needs;
+//! - [`config`], [`attributes`], [`matching`], [`keys`], [`plan`]: the plugin
+//!   configuration, what a request offers, which rules apply to it, the counter keys and
+//!   the checks it needs: the `ratelimit-rules` crate, shared with `redis-shim counters`;
 //! - [`request`]: one request's decision as a state machine, from the plan through the
 //!   [`local`] layer (buckets, deny cache, leases in shared data) and the shim's answer
 //!   ([`shim_call`], batched per worker by [`batch`]) to the [`response`] the client
@@ -30,13 +30,8 @@
     )
 )]
 
-pub mod attributes;
 pub mod batch;
-pub mod config;
-pub mod keys;
 pub mod local;
-pub mod matching;
-pub mod plan;
 pub mod rate_headers;
 pub mod request;
 pub mod response;
@@ -45,6 +40,7 @@ pub mod settlement;
 pub mod shim_call;
 pub mod stats;
 pub mod stream_end;
+pub use ratelimit_rules::{attributes, config, keys, matching, plan};
 pub use ratelimit_wire as wire;
 
 // Natively the host layer is only type-checked (by clippy), never linked; the wasm32

@@ -10,8 +10,8 @@
 //! the worker's budget for reading bodies was spent) is charged the rule's
 //! `unreported_cost`, or what it did report if more, counted as `cost_unreported`.
 
+use crate::config::{parse_cost, MAX_PATHS};
 use crate::config::{CostFromResponse, CostSource, UnreportedCost};
-use crate::response_body::json_scan::MAX_PATHS;
 use crate::response_body::{body_format, BodyReader};
 use crate::stats::{Count, Stat};
 use crate::wire::{Settlement, MAX_LIMIT};
@@ -70,20 +70,6 @@ pub struct ResponseCosts {
     /// The part of the worker's budget the body reader holds.
     reserved: usize,
     over_budget: bool,
-}
-
-/// A reported cost: a decimal integer, capped at the largest limit (a counter's debt
-/// is bounded again by the shim).
-pub fn parse_cost(text: &str) -> Option<u64> {
-    let digits = text.trim();
-    if digits.is_empty() || digits.len() > 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some(
-        digits
-            .parse::<u64>()
-            .map_or(MAX_LIMIT, |cost| cost.min(MAX_LIMIT)),
-    )
 }
 
 /// The cost a header or trailer reports: the largest usable value when it is repeated

@@ -2,7 +2,7 @@
 //! is this client refused, how much has it left?", "unblock it now").
 //!
 //! The command reads the filter's plugin configuration and plans the request described
-//! on its command line with the filter's own code (`ratelimit_wasm::plan` over a
+//! on its command line with the filter's own code (`ratelimit_rules::plan` over a
 //! [`GivenRequest`]), so each rule's counter key is the key the filter sends, never a
 //! reimplementation of it. It then asks a shim's admin endpoints ([`crate::admin`]), over
 //! HTTP with the admin token, for the counters' state (charging nothing) or to delete
@@ -10,11 +10,10 @@
 
 use crate::admin::{ResetAnswer, ShowAnswer, VariantsAnswer, RESET_PATH, SHOW_PATH, VARIANTS_PATH};
 use crate::cli::CountersCommand;
-use ratelimit_wasm::attributes::{GivenRequest, RequestAttributes};
-use ratelimit_wasm::config::{FilterConfig, Rule, Scope};
-use ratelimit_wasm::keys::{part_value, KeyPart};
-use ratelimit_wasm::local::DENY_RECHECK_MS;
-use ratelimit_wasm::plan::{plan, tier_for, PlannedCheck};
+use ratelimit_rules::attributes::{GivenRequest, RequestAttributes};
+use ratelimit_rules::config::{FilterConfig, Rule, Scope, DENY_RECHECK_MS};
+use ratelimit_rules::keys::{part_value, KeyPart};
+use ratelimit_rules::plan::{plan, tier_for, PlannedCheck};
 use ratelimit_wire::{Check, CheckRequest, CheckResult, TOKEN_HEADER};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -312,7 +311,7 @@ fn duration(ms: u64) -> String {
 /// A period as the configuration writes it: `1m`, `10s`, `250ms`.
 fn period(ms: u64) -> String {
     for (unit, size) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
-        if ms % size == 0 {
+        if ms.is_multiple_of(size) {
             return format!("{}{unit}", ms / size);
         }
     }

@@ -22,7 +22,7 @@
 //!   counting ([`metrics`]) and logging of every decision.
 //! - [`admin`]: the admin endpoints: counters peeked at or reset, behind the token.
 //! - [`counters`]: the `redis-shim counters` command, a client of [`admin`] that keys
-//!   requests with the filter's own code (the `ratelimit-wasm` crate).
+//!   requests with the filter's own code (the `ratelimit-rules` crate, no proxy-wasm).
 //! - `body`: reading a check's body within its size limit and the body timeout.
 //! - `admission`: the in-flight bound.
 //! - [`decision`]: one request decided against a [`store::Store`], all or nothing across

@@ -31,11 +31,7 @@ use crate::wire::{Algorithm, CheckResult, Rate, TokenReturn};
 use slots::update;
 use step::LocalStep;
 
-/// Longest this Envoy refuses a counter from its deny cache before asking the shim again,
-/// however far the refusal's retry time: a counter reset by an operator, or a limit
-/// raised, reaches every Envoy within this time, for one shim check per refused key per
-/// Envoy per interval.
-pub const DENY_RECHECK_MS: u64 = 1_000;
+pub use crate::config::DENY_RECHECK_MS;
 
 /// Whether a refusal of this algorithm holds until a time the shim can tell, so the deny
 /// cache may keep it (and predict it from an admission that took the last token). A

@@ -10,11 +10,9 @@
 //! byte that cannot be JSON it stops, keeping what it found before. Keys are compared
 //! as written (an escaped key does not match).
 
-use crate::settlement::parse_cost;
+use crate::config::parse_cost;
+pub use crate::config::MAX_PATHS;
 use crate::wire::MAX_LIMIT;
-
-/// Most paths one scanner follows (a bit each in a frame's mask).
-pub const MAX_PATHS: usize = 16;
 /// Longest number or digit string read as a value (longer reads as no value).
 const MAX_VALUE_TEXT: usize = 32;
 

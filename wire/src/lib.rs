@@ -1,6 +1,6 @@
 //! The filter-to-shim wire format: one definition, serialised by the filter
-//! (`ratelimit-wasm`) and parsed and validated by `redis-shim`. A crate of its own so
-//! that the shim depends on this and serde only, not on the filter and proxy-wasm.
+//! (`ratelimit-wasm`) and parsed and validated by `redis-shim`. A crate of its own, on
+//! serde alone, so that neither side needs the other's code.
 //!
 //! A request carries every rule that applies to one HTTP request; the shim decides them
 //! together, atomically: either every enforcing check is charged or none is.

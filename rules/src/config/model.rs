@@ -44,6 +44,12 @@ pub enum HeaderDialect {
     RetryAfterMs,
 }
 
+/// Longest this Envoy refuses a counter from its deny cache before asking the shim again,
+/// however far the refusal's retry time: a counter reset by an operator, or a limit
+/// raised, reaches every Envoy within this time, for one shim check per refused key per
+/// Envoy per interval.
+pub const DENY_RECHECK_MS: u64 = 1_000;
+
 /// The compiled configuration of one filter instance.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FilterConfig {
@@ -254,10 +260,11 @@ pub struct WeightedCost {
     pub cost: u64,
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "test-support"))]
+#[allow(clippy::unwrap_used)] // Test support only: built for tests, never into the filter.
 impl Rule {
     /// A global token bucket of 5 per minute keyed on `key`, for the pure layers' tests.
-    pub(crate) fn for_tests(name: &str, key: Vec<KeyPart>) -> Rule {
+    pub fn for_tests(name: &str, key: Vec<KeyPart>) -> Rule {
         Rule {
             name: name.into(),
             key,

@@ -6,9 +6,11 @@ use super::model::{CostField, CostFromResponse, CostSource, Scope, UnreportedCos
 use super::raw::{RawCostField, RawCostFromResponse, RawUnreportedCost};
 use super::rule::compile_field_name;
 use super::ConfigError;
-use crate::response_body::json_scan::MAX_PATHS;
 use crate::wire::{Algorithm, MAX_LIMIT};
 
+/// Most paths one rule reads from a body (the body scanner follows each with a bit of a
+/// mask).
+pub const MAX_PATHS: usize = 16;
 /// Deepest path of a reported cost.
 const MAX_PATH_DEPTH: usize = 8;
 /// Longest segment of a path (a field name).
@@ -161,4 +163,18 @@ fn compile_path(field: &str, text: &str) -> Result<Vec<String>, ConfigError> {
         ));
     }
     Ok(path)
+}
+
+/// A reported cost: a decimal integer, capped at the largest limit (a counter's debt
+/// is bounded again by the shim).
+pub fn parse_cost(text: &str) -> Option<u64> {
+    let digits = text.trim();
+    if digits.is_empty() || digits.len() > 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(
+        digits
+            .parse::<u64>()
+            .map_or(MAX_LIMIT, |cost| cost.min(MAX_LIMIT)),
+    )
 }

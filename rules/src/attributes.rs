@@ -195,14 +195,17 @@ mod tests {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod fake {
+/// Test doubles for the pure layers' tests, here and in the filter crate (its
+/// dev-dependency turns on the `test-support` feature).
+#[cfg(any(test, feature = "test-support"))]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+pub mod fake {
     use super::RequestAttributes;
     use std::collections::HashMap;
 
     /// A request made of plain values, for the pure logic's tests.
     #[derive(Debug, Clone, Default)]
-    pub(crate) struct FakeRequest {
+    pub struct FakeRequest {
         pub headers: HashMap<String, String>,
         pub claims: HashMap<String, String>,
         pub source: Option<String>,
