@@ -9,7 +9,7 @@
 
 use crate::config::{headers_of, Form, ResponseSettings};
 use crate::response::{Headers, Judged};
-use crate::wire::{Algorithm, Check};
+use crate::wire::{Check, Refill};
 
 pub use crate::config::{POLICY_HEADER, RATELIMIT_HEADER, RETRY_AFTER_HEADER, RETRY_AFTER_MS_HEADER};
 
@@ -31,7 +31,7 @@ fn reset_ms(judged: &Judged<'_>) -> Option<u64> {
     let result = &judged.result;
     if !result.allowed {
         Some(result.retry_after_ms.max(1))
-    } else if judged.check.algorithm == Algorithm::Concurrency {
+    } else if judged.check.algorithm.traits().counts_in_flight {
         None
     } else {
         Some(result.reset_ms)
@@ -48,18 +48,16 @@ fn effective_window_seconds(judged: &Judged<'_>) -> Option<u64> {
     if !result.allowed {
         return Some(retry_after_seconds(result.retry_after_ms));
     }
-    let next_unit_ms = match check.algorithm {
-        Algorithm::FixedWindow => result.reset_ms,
-        Algorithm::TokenBucket => {
+    let next_unit_ms = match check.algorithm.traits().refill {
+        Refill::AtWindowEnd => result.reset_ms,
+        Refill::Continuously => {
             // reset_ms is the time to refill (limit - tokens); the next whole token comes
             // (limit - remaining - 1) token intervals before that.
             let later_tokens = u128::from(check.limit.saturating_sub(result.remaining + 1));
             let interval_ms = u128::from(check.period_ms) * later_tokens / u128::from(check.limit.max(1));
             u64::try_from(u128::from(result.reset_ms).saturating_sub(interval_ms)).unwrap_or(u64::MAX)
         }
-        Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter | Algorithm::Concurrency => {
-            return None
-        }
+        Refill::AsEntriesAge | Refill::WhenARequestEnds => return None,
     };
     Some(next_unit_ms / 1000)
 }
@@ -78,7 +76,7 @@ fn window_seconds(check: &Check, now_unix_ms: u64) -> u64 {
 /// window `w`, or a concurrency limit's quota of requests in flight (`qu`).
 fn structured_policy(judged: &Judged<'_>, now_unix_ms: u64) -> String {
     let Judged { rule, check, .. } = judged;
-    if check.algorithm == Algorithm::Concurrency {
+    if check.algorithm.traits().counts_in_flight {
         format!("\"{}\";q={};qu=\"concurrent-requests\"", rule.name, check.limit)
     } else {
         let window = window_seconds(check, now_unix_ms);
@@ -89,7 +87,7 @@ fn structured_policy(judged: &Judged<'_>, now_unix_ms: u64) -> String {
 /// The `RateLimit-Policy` of -06 and -07 (`10;w=60`) for the tightest rule: one quota,
 /// and a window unless it is a concurrency limit.
 fn legacy_policy(judged: &Judged<'_>, now_unix_ms: u64) -> String {
-    if judged.check.algorithm == Algorithm::Concurrency {
+    if judged.check.algorithm.traits().counts_in_flight {
         judged.check.limit.to_string()
     } else {
         format!(
@@ -105,7 +103,7 @@ fn legacy_policy(judged: &Judged<'_>, now_unix_ms: u64) -> String {
 fn envoy_quota_policy(tightest: &Judged<'_>, enforcing: &[&Judged<'_>], now_unix_ms: u64) -> String {
     let mut value = tightest.result.limit.to_string();
     for judged in enforcing {
-        if judged.check.algorithm != Algorithm::Concurrency {
+        if !judged.check.algorithm.traits().counts_in_flight {
             let window = window_seconds(judged.check, now_unix_ms);
             value.push_str(&format!(
                 ", {};w={window};name=\"{}\"",

@@ -17,7 +17,7 @@ use crate::settlement::PendingSettlement;
 use crate::shim_call::ShimFailure;
 use crate::stats::{Count, Stat};
 use crate::stream_end::{slot_release, Held, SlotAsked};
-use crate::wire::{Algorithm, Check, CheckResult, Settlement, TokenReturn};
+use crate::wire::{Check, CheckResult, Settlement, TokenReturn};
 
 /// Something the host records for a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -265,7 +265,7 @@ impl RequestDecision {
             .zip(&self.pass.checks)
             .filter(|(_, state)| matches!(state, CheckState::AskShim { .. }))
             .enumerate()
-            .filter(|(_, (item, _))| item.check.algorithm == Algorithm::Concurrency)
+            .filter(|(_, (item, _))| item.check.algorithm.traits().counts_in_flight)
             .map(|(position, (item, _))| SlotAsked {
                 position,
                 rule_index: item.rule_index,

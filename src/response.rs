@@ -8,7 +8,7 @@
 use crate::config::{ResponseSettings, Rule};
 use crate::rate_headers::{self, retry_after_seconds, RETRY_AFTER_HEADER};
 use crate::wire::calendar::UtcOffset;
-use crate::wire::{Algorithm, Check, CheckResult};
+use crate::wire::{Check, CheckResult};
 use serde_json::json;
 
 const PROBLEM_JSON: &str = "application/problem+json";
@@ -146,7 +146,7 @@ fn refusal(
                 .replace("{limit}", &check.limit.to_string())
                 .replace("{retry_after}", &retry_after.to_string()),
         ),
-        None if check.algorithm == Algorithm::Concurrency => (
+        None if check.algorithm.traits().counts_in_flight => (
             PROBLEM_JSON.to_string(),
             json!({
                 "type": QUOTA_EXCEEDED,

@@ -15,7 +15,7 @@
 
 use crate::request::Event;
 use crate::stats::{Count, Stat};
-use crate::wire::{Algorithm, Check, CheckResult, TokenReturn};
+use crate::wire::{Check, CheckResult, TokenReturn};
 
 /// Something a request holds until its stream ends, and the rule it holds it for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub struct SlotAsked {
 /// The slot `result` gave the request for `check`, as the return that releases it;
 /// `None` when the check holds nothing (not a concurrency check, not charged).
 pub fn slot_release(check: &Check, result: &CheckResult) -> Option<TokenReturn> {
-    let holds_slot = check.algorithm == Algorithm::Concurrency && result.granted > 0 && result.stamp != 0;
+    let holds_slot = check.algorithm.traits().counts_in_flight && result.granted > 0 && result.stamp != 0;
     holds_slot.then(|| TokenReturn {
         key: check.key.clone(),
         algorithm: check.algorithm,
@@ -88,6 +88,7 @@ pub fn granted_to_gone(asked: &[SlotAsked], results: &[CheckResult]) -> Vec<Held
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Algorithm;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -198,7 +198,12 @@ mod tests {
 /// Test doubles for the pure layers' tests, here and in the filter crate (its
 /// dev-dependency turns on the `test-support` feature).
 #[cfg(any(test, feature = "test-support"))]
-#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 pub mod fake {
     use super::RequestAttributes;
     use std::collections::HashMap;

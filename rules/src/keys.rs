@@ -110,14 +110,7 @@ pub fn part_value(
 /// change of either starts new counters instead of misreading the old ones (a script
 /// finding another algorithm's key failed every request with WRONGTYPE until it expired).
 pub fn counter_name(rule_name: &str, algorithm: Algorithm, period_ms: u64) -> String {
-    let tag = match algorithm {
-        Algorithm::TokenBucket => "tb",
-        Algorithm::FixedWindow => "fw",
-        Algorithm::SlidingWindowLog => "swl",
-        Algorithm::SlidingWindowCounter => "swc",
-        Algorithm::Concurrency => "cc",
-    };
-    format!("{rule_name}/{tag}{period_ms}")
+    format!("{rule_name}/{}{period_ms}", algorithm.traits().counter_tag)
 }
 
 /// The name of a calendar rule's counters: `<rule>/fw-<unit><±HHMM>`, e.g.

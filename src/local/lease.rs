@@ -5,7 +5,7 @@
 
 use super::{fingerprint, LocalLayer, SlotStore};
 use crate::plan::PlannedCheck;
-use crate::wire::{Algorithm, Check, CheckResult, TokenReturn};
+use crate::wire::{Check, CheckResult, Refill, TokenReturn};
 
 /// A lease acquisition this request holds for the Envoy: the counter, and the time its
 /// claim runs out (which also tells it from a later claim of the same worker).
@@ -101,8 +101,8 @@ impl<S: SlotStore> LocalLayer<'_, S> {
         } else if allowed && result.remaining < cost {
             // A fixed window (a calendar month, say) gives nothing back before it ends:
             // an even refill over its period would announce a retry far too early.
-            let refill_ms = match item.check.algorithm {
-                Algorithm::FixedWindow => result.reset_ms,
+            let refill_ms = match item.check.algorithm.traits().refill {
+                Refill::AtWindowEnd => result.reset_ms,
                 _ => (item.rate.ms_per_token() * cost as f64).ceil() as u64,
             };
             refill_ms.min(result.reset_ms)

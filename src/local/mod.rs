@@ -38,7 +38,7 @@ pub use crate::config::DENY_RECHECK_MS;
 /// concurrency refusal lifts whenever a request in flight ends, at any moment: it is
 /// never cached, and every concurrency check asks the shim.
 pub(crate) fn refusals_last(algorithm: Algorithm) -> bool {
-    algorithm != Algorithm::Concurrency
+    !algorithm.traits().counts_in_flight
 }
 
 /// The local layer of one filter instance on one worker: its configuration over its

@@ -7,7 +7,7 @@ use super::slots::SlotRecord;
 use super::{LocalLayer, Probe, SlotStore};
 use crate::config::Scope;
 use crate::plan::PlannedCheck;
-use crate::wire::{Algorithm, CheckResult, Rate};
+use crate::wire::{CheckResult, Rate};
 
 /// What the local layer decided for one check, before its shared data is written back.
 pub(super) enum LocalStep {
@@ -77,7 +77,7 @@ impl<S: SlotStore> LocalLayer<'_, S> {
                 return (LocalStep::AwaitLease, false);
             }
         }
-        if rule.scope == Scope::Local && rule.algorithm == Algorithm::Concurrency {
+        if rule.scope == Scope::Local && rule.algorithm.traits().counts_in_flight {
             let result = record.in_flight.take(now_ms, item.rate);
             let step = if result.allowed {
                 LocalStep::TookSlot(result)

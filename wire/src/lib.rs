@@ -27,13 +27,13 @@
 //! - A check with a `calendar` is a fixed window aligned to the calendar (see
 //!   [`calendar`]); its `period_ms` is the unit's longest window.
 
+mod algorithm;
 pub mod calendar;
 mod rate;
 
+pub use algorithm::{Algorithm, Refill, Traits, MAX_CONCURRENCY_LIMIT, MAX_LOG_LIMIT};
 pub use calendar::{CalendarUnit, CalendarWindow};
-pub use rate::{
-    Limit, OutOfBounds, Period, Rate, MAX_CONCURRENCY_LIMIT, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD_MS,
-};
+pub use rate::{Limit, OutOfBounds, Period, Rate, MAX_LIMIT, MAX_PERIOD_MS};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::fmt;
@@ -56,45 +56,6 @@ pub const MAX_KEY_LEN: usize = 200;
 /// arrive (a token bucket's client waits at most this many periods more), which keeps
 /// every time in the scripts exact.
 pub const MAX_DEBT_LIMITS: u64 = 100;
-
-/// The counting algorithm a check runs in Redis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Algorithm {
-    /// Capacity `limit`, refilled continuously at `limit / period`.
-    #[default]
-    TokenBucket,
-    /// At most `limit` per aligned window of `period`; a boundary burst of 2x passes.
-    FixedWindow,
-    /// At most `limit` in any trailing `period`, exactly; one entry per token.
-    SlidingWindowLog,
-    /// The previous window weighted by its overlap plus the current one: close to the
-    /// sliding limit with two counters.
-    SlidingWindowCounter,
-    /// At most `limit` requests in flight; `period` is how long a slot whose release was
-    /// lost stays taken.
-    Concurrency,
-}
-
-impl Algorithm {
-    pub const ALL: [Algorithm; 5] = [
-        Algorithm::TokenBucket,
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindowLog,
-        Algorithm::SlidingWindowCounter,
-        Algorithm::Concurrency,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingWindowLog => "sliding_window_log",
-            Algorithm::SlidingWindowCounter => "sliding_window_counter",
-            Algorithm::Concurrency => "concurrency",
-        }
-    }
-}
 
 /// `POST /v1/check` body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -293,7 +254,7 @@ fn check_counter(
         return fail(format!("{at}.period_ms: {bounds}"));
     }
     if let Some(window) = calendar {
-        if algorithm != Algorithm::FixedWindow {
+        if !algorithm.traits().follows_calendar {
             return fail(format!("{at}.calendar: only a fixed_window has a calendar"));
         }
         if !window.offset_in_bounds() {
@@ -339,7 +300,7 @@ impl BatchCheckRequest {
             if back.amount == 0 || back.amount > back.limit {
                 return fail(format!("returns[{i}].amount: must be 1..=limit"));
             }
-            if back.algorithm == Algorithm::Concurrency && back.amount != 1 {
+            if back.algorithm.traits().counts_in_flight && back.amount != 1 {
                 return fail(format!(
                     "returns[{i}].amount: a concurrency slot is given back alone (1)"
                 ));
@@ -407,7 +368,7 @@ impl CheckRequest {
             if check.lease != 0 && (check.lease < check.cost || check.lease > check.limit) {
                 return fail(format!("checks[{i}].lease: must be 0 or cost..=limit"));
             }
-            if check.algorithm == Algorithm::Concurrency && (check.cost != 1 || check.lease != 0) {
+            if check.algorithm.traits().counts_in_flight && (check.cost != 1 || check.lease != 0) {
                 return fail(format!(
                     "checks[{i}]: a concurrency check takes one slot (cost 1, no lease)"
                 ));

@@ -11,10 +11,6 @@ use std::time::Duration;
 pub const MAX_PERIOD_MS: u64 = 366 * 24 * 3600 * 1000;
 /// Largest limit accepted.
 pub const MAX_LIMIT: u64 = 1_000_000_000;
-/// Largest limit of a sliding window log, which stores one entry per admitted token.
-pub const MAX_LOG_LIMIT: u64 = 10_000;
-/// Largest limit of a concurrency counter, which stores one entry per request in flight.
-pub const MAX_CONCURRENCY_LIMIT: u64 = 100_000;
 
 /// A value outside its bounds; the text says which bounds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,21 +33,15 @@ impl Limit {
         self.0
     }
 
-    /// A limit the algorithm can hold: a sliding window log stores one entry per token,
-    /// so it takes at most `MAX_LOG_LIMIT`; a concurrency counter one per request in
-    /// flight, at most `MAX_CONCURRENCY_LIMIT`.
+    /// A limit the algorithm can hold (a sliding window log stores one entry per token,
+    /// a concurrency counter one per request in flight: they hold less).
     pub fn for_algorithm(value: u64, algorithm: Algorithm) -> Result<Limit, OutOfBounds> {
-        let max = match algorithm {
-            Algorithm::SlidingWindowLog => MAX_LOG_LIMIT,
-            Algorithm::Concurrency => MAX_CONCURRENCY_LIMIT,
-            _ => MAX_LIMIT,
-        };
+        let max = algorithm.traits().max_limit;
         if value == 0 || value > max {
-            return Err(OutOfBounds(match algorithm {
-                Algorithm::SlidingWindowLog | Algorithm::Concurrency => {
-                    format!("must be between 1 and {max} for a {}", algorithm.as_str())
-                }
-                _ => format!("must be between 1 and {max}"),
+            return Err(OutOfBounds(if max < MAX_LIMIT {
+                format!("must be between 1 and {max} for a {}", algorithm.as_str())
+            } else {
+                format!("must be between 1 and {max}")
             }));
         }
         Ok(Limit(value))
@@ -130,6 +120,7 @@ impl Rate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{MAX_CONCURRENCY_LIMIT, MAX_LOG_LIMIT};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

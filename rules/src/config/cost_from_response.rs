@@ -31,7 +31,7 @@ impl RawCostFromResponse {
         warnings: &mut Vec<String>,
     ) -> Result<CostFromResponse, ConfigError> {
         let field = format!("{at}.cost_from_response");
-        if matches!(algorithm, Algorithm::SlidingWindowLog | Algorithm::Concurrency) {
+        if !algorithm.traits().settles {
             return Err(ConfigError::new(
                 format!("{at}.algorithm"),
                 format!(

@@ -67,7 +67,7 @@ fn compile_window(
     utc_offset: Option<&str>,
 ) -> Result<Window, ConfigError> {
     let field = |name: &str| format!("{at}.{name}");
-    let concurrency = algorithm == Some(Algorithm::Concurrency);
+    let concurrency = algorithm.is_some_and(|a| a.traits().counts_in_flight);
     if !concurrency && max_duration.is_some() {
         return Err(ConfigError::new(
             field("max_duration"),
@@ -112,7 +112,7 @@ fn compile_window(
         (None, Some(unit)) => {
             // A calendar quota is a count per day, week or month: a fixed window. Any
             // other algorithm would silently mean something else.
-            if algorithm.is_some_and(|a| a != Algorithm::FixedWindow) {
+            if algorithm.is_some_and(|a| !a.traits().follows_calendar) {
                 return Err(ConfigError::new(
                     field("algorithm"),
                     "a calendar quota is a fixed window aligned to the calendar: omit the algorithm or give fixed_window",
@@ -376,7 +376,7 @@ impl RawRule {
         if self.key.is_empty() {
             return Err(ConfigError::new(field("key"), "must name at least one key part"));
         }
-        let concurrency = self.algorithm == Some(Algorithm::Concurrency);
+        let concurrency = self.algorithm.is_some_and(|a| a.traits().counts_in_flight);
         if concurrency {
             check_concurrency_rule(at, &self)?;
         }
@@ -438,8 +438,7 @@ impl RawRule {
                 "a local rule is its own local bucket: it takes no `local` nor `lease`",
             ));
         }
-        if self.scope == Scope::Local && !matches!(algorithm, Algorithm::TokenBucket | Algorithm::Concurrency)
-        {
+        if self.scope == Scope::Local && !algorithm.traits().runs_locally {
             return Err(ConfigError::new(
                 field("algorithm"),
                 "a local rule is a token bucket or a concurrency limit",
@@ -531,11 +530,7 @@ impl RawTier {
         };
         // Window counters are aligned to the period: a tier with another period would
         // read the client's counter as a different window and count from zero.
-        let windowed = matches!(
-            algorithm,
-            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter
-        );
-        if windowed && period != rule_period {
+        if algorithm.traits().aligned_windows && period != rule_period {
             return Err(ConfigError::new(
                 format!("{at}.period"),
                 format!("a {} tier keeps the rule's period", algorithm.as_str()),
