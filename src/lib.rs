@@ -31,6 +31,8 @@
 )]
 
 pub mod batch;
+pub mod events;
+pub mod judged;
 pub mod local;
 pub mod rate_headers;
 pub mod request;

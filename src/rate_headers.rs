@@ -8,7 +8,7 @@
 //! time its retry is admitted, the same instant `Retry-After` names.
 
 use crate::config::{headers_of, Form, ResponseSettings};
-use crate::response::{Headers, Judged};
+use crate::judged::{Headers, Judged};
 use crate::wire::{Check, Refill};
 
 pub use crate::config::{POLICY_HEADER, RATELIMIT_HEADER, RETRY_AFTER_HEADER, RETRY_AFTER_MS_HEADER};

@@ -10,29 +10,16 @@
 //! ([`stream_end`](crate::stream_end)).
 
 use crate::config::{RuleFailureMode, Scope};
-use crate::local::{CheckState, Claim, FallbackVerdict, HeldLease, LocalLayer, LocalPass, SlotStore};
+use crate::events::Event;
+use crate::judged::Judged;
+use crate::local::{CheckState, Claim, FallbackVerdict, LocalLayer, LocalPass, SlotStore};
 use crate::plan::PlannedCheck;
-use crate::response::{decide, shadow_refusals, unavailable, Judged, Outcome};
+use crate::response::{decide, shadow_refusals, unavailable, Outcome};
 use crate::settlement::PendingSettlement;
 use crate::shim_call::ShimFailure;
 use crate::stats::{Count, Stat};
-use crate::stream_end::{slot_release, Held, SlotAsked};
-use crate::wire::{Check, CheckResult, Settlement, TokenReturn};
-
-/// Something the host records for a step.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    Count(Count),
-    /// The named shadow rule would have refused this request (logged).
-    ShadowRefusal(String),
-    /// The shim gave no usable answer (logged as a warning).
-    ShimFailed(ShimFailure),
-    /// The shim granted this Envoy a lease: what is left of it when it expires goes back.
-    LeaseGranted(HeldLease),
-    /// Tokens to give back to the shim with the next call: leased tokens left unspent,
-    /// or a concurrency slot its request no longer holds.
-    ReturnTokens(TokenReturn),
-}
+use crate::stream_end::{held, Held, SlotAsked};
+use crate::wire::{Check, CheckResult, Settlement};
 
 /// A step's result and the events to record for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -238,18 +225,23 @@ impl RequestDecision {
 
     /// What the request holds now, taken: a result no longer holds it afterwards.
     fn take_held(&mut self) -> Vec<Held> {
-        let mut taken = Vec::new();
+        let taken = held(
+            self.planned
+                .iter()
+                .zip(&self.pass.checks)
+                .filter_map(|(item, state)| {
+                    match state {
+                        // A local rule's slot is in shared data: the local layer gives it back.
+                        CheckState::Known(result) if item.rule.scope == Scope::Global => {
+                            Some((item.rule_index, &item.check, result))
+                        }
+                        _ => None,
+                    }
+                }),
+        );
         for (item, state) in self.planned.iter().zip(self.pass.checks.iter_mut()) {
-            // A local rule's slot is in shared data: the local layer gives it back.
-            if item.rule.scope != Scope::Global {
-                continue;
-            }
             if let CheckState::Known(result) = state {
-                if let Some(give_back) = slot_release(&item.check, result) {
-                    taken.push(Held {
-                        rule_index: item.rule_index,
-                        give_back,
-                    });
+                if taken.iter().any(|held| held.rule_index == item.rule_index) {
                     result.granted = 0;
                 }
             }

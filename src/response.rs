@@ -5,10 +5,11 @@
 //! Both are pure: the host layer only applies the [`Outcome`]. Shadow rules never refuse
 //! and never appear in client-facing headers.
 
-use crate::config::{ResponseSettings, Rule};
+use crate::config::ResponseSettings;
+use crate::judged::{Headers, Judged};
 use crate::rate_headers::{self, retry_after_seconds, RETRY_AFTER_HEADER};
 use crate::wire::calendar::UtcOffset;
-use crate::wire::{Check, CheckResult};
+use crate::wire::Check;
 use serde_json::json;
 
 const PROBLEM_JSON: &str = "application/problem+json";
@@ -16,8 +17,6 @@ const PROBLEM_JSON: &str = "application/problem+json";
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 const TEMPORARY_REDUCED_CAPACITY: &str =
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
-
-pub type Headers = Vec<(String, String)>;
 
 /// What the host layer must do with the paused request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,15 +33,6 @@ pub struct LocalReply {
     pub status: u32,
     pub headers: Headers,
     pub body: String,
-}
-
-/// One rule's part in this request's decision: the rule, the check made for it (whose
-/// limit and period reflect the client's tier) and its result.
-#[derive(Debug, Clone, Copy)]
-pub struct Judged<'a> {
-    pub rule: &'a Rule,
-    pub check: &'a Check,
-    pub result: CheckResult,
 }
 
 /// Decides the request from every rule's result known (the shim's, or the local
@@ -210,10 +200,10 @@ fn refusal(
 mod tests {
     use super::*;
     // On wasm32 the same tests run under wasm-bindgen-test (Node).
-    use crate::config::{CustomBody, FilterConfig, HeaderDialect};
+    use crate::config::{CustomBody, FilterConfig, HeaderDialect, Rule};
     use crate::keys::KeyPart;
     use crate::rate_headers::{POLICY_HEADER, RATELIMIT_HEADER};
-    use crate::wire::{Algorithm, Limit};
+    use crate::wire::{Algorithm, CheckResult, Limit};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

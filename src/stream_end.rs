@@ -13,7 +13,7 @@
 //! Anything else a request will settle at stream end (a cost known only from the
 //! response) belongs here too: [`Held`] is one such obligation.
 
-use crate::request::Event;
+use crate::events::Event;
 use crate::stats::{Count, Stat};
 use crate::wire::{Check, CheckResult, TokenReturn};
 

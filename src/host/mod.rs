@@ -13,8 +13,8 @@ mod root;
 mod stats;
 
 use crate::config::FilterConfig;
+use crate::events::Event;
 use crate::local::LocalLayer;
-use crate::request::Event;
 use crate::settlement::BodyBudget;
 use crate::stats::Count;
 use dispatcher::Dispatcher;

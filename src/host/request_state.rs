@@ -5,9 +5,10 @@
 
 use super::hostcalls::{log, send_http_response};
 use super::Worker;
+use crate::judged::Headers;
 use crate::plan::PlannedCheck;
 use crate::request::{RequestDecision, Start, Transition};
-use crate::response::{Headers, Outcome};
+use crate::response::Outcome;
 use crate::settlement::ResponseCosts;
 use crate::shim_call::RequestAnswer;
 use proxy_wasm::types::{Action, LogLevel};
