@@ -17,6 +17,7 @@ mod raw;
 mod rule;
 #[cfg(test)]
 mod tests;
+mod window;
 
 pub use cost_from_response::{parse_cost, MAX_PATHS};
 pub use duration::parse_duration;
