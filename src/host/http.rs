@@ -15,7 +15,9 @@ use proxy_wasm::types::{Action, LogLevel, MapType};
 use std::cell::OnceCell;
 use std::rc::Rc;
 
-pub struct RateLimitRequest {
+/// The proxy-wasm HTTP context of one request: reads it, runs its decision (through
+/// [`PendingRequest`]) and applies the outcome to its headers and response.
+pub struct HttpFilter {
     pub worker: Rc<Worker>,
     pub request: PendingRequest,
 }
@@ -50,7 +52,7 @@ impl RequestAttributes for HostRequest<'_> {
     }
 }
 
-impl Context for RateLimitRequest {
+impl Context for HttpFilter {
     /// The stream is over, whatever ended it (response complete, upstream reset,
     /// timeout, client abort, a later filter's reply): the request gives back what it
     /// holds and settles what its response reported it cost. `on_log` does the same,
@@ -61,7 +63,7 @@ impl Context for RateLimitRequest {
     }
 }
 
-impl HttpContext for RateLimitRequest {
+impl HttpContext for HttpFilter {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let worker = Rc::clone(&self.worker);
         let request = HostRequest {

@@ -5,7 +5,7 @@
 
 use super::dispatcher::Dispatcher;
 use super::hostcalls::{log, plugin_configuration, register_shared_queue, set_tick_period, SharedData};
-use super::http::RateLimitRequest;
+use super::http::HttpFilter;
 use super::request_state::PendingRequest;
 use super::stats::Stats;
 use super::Worker;
@@ -114,7 +114,7 @@ impl RootContext for RateLimitRoot {
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(RateLimitRequest {
+        Some(Box::new(HttpFilter {
             worker: Rc::clone(self.worker.as_ref()?),
             request: PendingRequest {
                 context_id,
