@@ -88,11 +88,27 @@ pub fn unavailable(failing_closed: &[&str]) -> LocalReply {
     }
 }
 
-/// How a refusal names the rule's window: "per 60000 ms", "per month (UTC+05:30)".
+/// How a refusal names the rule's window, in the largest unit it is a whole number of:
+/// "per minute", "per 5 minutes", "per 250 ms", "per month (UTC+05:30)".
 fn per_window(check: &Check) -> String {
-    match check.calendar {
-        Some(calendar) => format!("per {calendar}"),
-        None => format!("per {} ms", check.period_ms),
+    const UNITS: [(u64, &str); 5] = [
+        (7 * 86_400_000, "week"),
+        (86_400_000, "day"),
+        (3_600_000, "hour"),
+        (60_000, "minute"),
+        (1_000, "second"),
+    ];
+    if let Some(calendar) = check.calendar {
+        return format!("per {calendar}");
+    }
+    let ms = check.period_ms;
+    match UNITS
+        .iter()
+        .find(|(unit_ms, _)| ms >= *unit_ms && ms.is_multiple_of(*unit_ms))
+    {
+        Some((unit_ms, unit)) if ms == *unit_ms => format!("per {unit}"),
+        Some((unit_ms, unit)) => format!("per {} {unit}s", ms / unit_ms),
+        None => format!("per {ms} ms"),
     }
 }
 
@@ -521,5 +537,22 @@ mod tests {
         assert_eq!(body["rule"], "in-flight");
         assert_eq!(body["quota_unit"], "concurrent-requests");
         assert!(body["detail"].as_str().unwrap().contains("3 requests in flight"));
+    }
+
+    #[test]
+    fn a_refusal_names_the_window_in_the_largest_whole_unit() {
+        let rule = rule("r", 10, false);
+        let per = |period_ms: u64| {
+            per_window(&Check {
+                period_ms,
+                ..check_for(&rule)
+            })
+        };
+        assert_eq!(per(60_000), "per minute");
+        assert_eq!(per(300_000), "per 5 minutes");
+        assert_eq!(per(90_000), "per 90 seconds");
+        assert_eq!(per(86_400_000), "per day");
+        assert_eq!(per(250), "per 250 ms");
+        assert_eq!(per(1_500), "per 1500 ms");
     }
 }
