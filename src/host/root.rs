@@ -86,7 +86,11 @@ impl RootContext for RateLimitRoot {
             Ok(worker) => {
                 log(
                     LogLevel::Info,
-                    &format!("configured with {} rule(s)", worker.config.rules.len()),
+                    &format!(
+                        "ratelimit-wasm {}: configured with {} rule(s)",
+                        env!("CARGO_PKG_VERSION"),
+                        worker.config.rules.len()
+                    ),
                 );
                 for warning in &worker.config.warnings {
                     log(LogLevel::Warn, &format!("plugin configuration: {warning}"));
