@@ -5,7 +5,7 @@
 //! flags an operator would pass.
 
 use crate::config::ShimConfig;
-use crate::counters::CountersArgs;
+use crate::counters::CountersCommand;
 use crate::store::RedisConfig;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
@@ -91,15 +91,6 @@ pub enum Command {
     /// plugin configuration exactly as the filter keys them.
     #[command(subcommand)]
     Counters(CountersCommand),
-}
-
-#[derive(Subcommand, Debug)]
-pub enum CountersCommand {
-    /// Each rule's state for the request described (remaining, reset, retry-after),
-    /// charging nothing.
-    Show(CountersArgs),
-    /// Deletes the request's counters: its next request meets full limits.
-    Reset(CountersArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
