@@ -8,7 +8,6 @@
 //! (keys as the filter sends them, without the shim's prefix), validated as a check is.
 
 use crate::body::{read_body, BodyError};
-use crate::decision;
 use crate::handlers::{constant_time_eq, error, Shim, MAX_BODY_BYTES};
 use axum::body::Body;
 use axum::extract::State;
@@ -97,7 +96,7 @@ pub async fn show(State(shim): State<Arc<Shim>>, headers: HeaderMap, body: Body)
         Ok(admitted) => admitted,
         Err(refusal) => return refusal,
     };
-    match decision::peek(&shim.store, &keys, &request.checks).await {
+    match crate::peek::peek(&shim.store, &keys, &request.checks).await {
         Ok(results) => Json(ShowAnswer { results }).into_response(),
         Err(e) => redis_failure(e),
     }
@@ -110,7 +109,7 @@ pub async fn reset(State(shim): State<Arc<Shim>>, headers: HeaderMap, body: Body
         Ok(admitted) => admitted,
         Err(refusal) => return refusal,
     };
-    let before = match decision::peek(&shim.store, &keys, &request.checks).await {
+    let before = match crate::peek::peek(&shim.store, &keys, &request.checks).await {
         Ok(before) => before,
         Err(e) => return redis_failure(e),
     };

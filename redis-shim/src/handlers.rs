@@ -5,8 +5,9 @@
 use crate::admission::{Admission, OVERLOADED};
 use crate::body::{read_body, BodyError};
 use crate::config::ShimConfig;
-use crate::decision::{self, DecideError, Decision, Refund};
+use crate::decision::{self, DecideError, Decision};
 use crate::metrics::{CheckOutcome, ConnectionClose, Metrics, RequestOutcome};
+use crate::refund::Refund;
 use crate::scripts::RequestChecks;
 use crate::store::{RedisStore, SharedScript, StoreError};
 use axum::body::{Body, Bytes};
@@ -148,7 +149,7 @@ pub async fn check_batch(State(shim): State<Arc<Shim>>, headers: HeaderMap, body
                 .chain(batch.settlements.iter().map(|settled| settled.key.as_str())),
         );
         if let Err(error) =
-            decision::adjust_counters(&shim.store, &keys, &batch.returns, &batch.settlements).await
+            crate::adjustments::adjust_counters(&shim.store, &keys, &batch.returns, &batch.settlements).await
         {
             tracing::warn!(%error, keys = ?keys, "returning unspent tokens or settling real costs failed");
         }

@@ -32,6 +32,7 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+pub mod adjustments;
 pub mod admin;
 mod admission;
 mod body;
@@ -40,8 +41,12 @@ pub mod config;
 mod connections;
 pub mod counters;
 pub mod decision;
+#[cfg(test)]
+mod fake_store;
 mod handlers;
 pub mod metrics;
+pub mod peek;
+pub mod refund;
 pub mod scripts;
 mod server;
 pub mod store;

@@ -47,6 +47,20 @@ pub trait Store {
     fn refund(&self, charges: &[Charge<'_>]) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
 }
 
+/// Runs check.lua in `mode` over the checks at `group`'s indices of `keys` and `checks`
+/// (keys all in one slot): one row per check of the group.
+pub async fn check_group<S: Store>(
+    store: &S,
+    mode: Mode,
+    group: &[usize],
+    keys: &[String],
+    checks: &[Check],
+) -> Result<Vec<Row>, StoreError> {
+    let group_keys: Vec<&str> = group.iter().map(|&i| keys[i].as_str()).collect();
+    let group_checks: Vec<&Check> = group.iter().map(|&i| &checks[i]).collect();
+    store.check(mode, &group_keys, &group_checks).await
+}
+
 /// Requests sharing one of these can be decided in one script (see
 /// [`RedisStore::shared_script`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
