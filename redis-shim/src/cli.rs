@@ -6,7 +6,7 @@
 
 use crate::config::ShimConfig;
 use crate::counters::CountersCommand;
-use crate::store::RedisConfig;
+use crate::redis_connection::RedisConfig;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! What the shim runs with: [`ShimConfig`], and the checks that refuse a configuration
 //! the shim cannot run safely with before anything is served.
 
-use crate::store::RedisConfig;
+use crate::redis_connection::RedisConfig;
 use std::time::Duration;
 
 /// Longest key prefix accepted.

@@ -46,6 +46,8 @@ mod fake_store;
 mod handlers;
 pub mod metrics;
 pub mod peek;
+pub mod redis_connection;
+pub mod redis_store;
 pub mod refund;
 pub mod scripts;
 mod server;

@@ -13,7 +13,7 @@ use crate::config::ShimConfig;
 use crate::connections::{ConnectionGuard, Connections};
 use crate::handlers::{self, Shim};
 use crate::metrics::{ConnectionClose, Metrics};
-use crate::store::RedisStore;
+use crate::redis_store::RedisStore;
 use axum::routing::{get, post};
 use axum::Router;
 use hyper::body::Incoming;
