@@ -22,7 +22,7 @@ pub struct ShimConfig {
     pub token_for_operators: bool,
     /// Most check requests decided at once; more are answered 503 at once.
     pub max_in_flight: usize,
-    /// Most connections open at once (see `connections.rs`).
+    /// Most connections open at once (see `connection_cap.rs`).
     pub max_connections: usize,
     /// Longest wait for a connection's first request (its headers included).
     pub header_timeout: Duration,

@@ -17,7 +17,7 @@
 //!   future completes, each connection with the header-read timeout. The root package's
 //!   tests (`tests/support/shim.rs`) call it in-process with flags parsed by
 //!   [`cli::Args`].
-//! - `connections`: the connection cap, which closes idle connections to make room.
+//! - `connection_cap`: the connection cap, which closes idle connections to make room.
 //! - `handlers`: each endpoint: the token and body checks, status codes, and the
 //!   counting ([`metrics`]) and logging of every decision.
 //! - [`admin`]: the admin endpoints: counters peeked at or reset, behind the token.
@@ -38,7 +38,7 @@ mod admission;
 mod body;
 pub mod cli;
 pub mod config;
-mod connections;
+mod connection_cap;
 pub mod counters;
 pub mod decision;
 #[cfg(test)]

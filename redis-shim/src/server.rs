@@ -3,14 +3,14 @@
 //!
 //! Connections are served here rather than by `axum::serve`, which sets no timer (so no
 //! header-read timeout) and accepts without limit: each accepted connection first passes
-//! the connection cap (`connections.rs`), then is served over HTTP/1.1 or HTTP/2
+//! the connection cap (`connection_cap.rs`), then is served over HTTP/1.1 or HTTP/2
 //! cleartext (detected from its first bytes) with the header-read timeout, and is closed
 //! if its first request does not start within that timeout either (which covers a
 //! client that sends nothing, or stalls in the HTTP/2 preface, where hyper has no timer).
 
 use crate::admin;
 use crate::config::ShimConfig;
-use crate::connections::{ConnectionGuard, Connections};
+use crate::connection_cap::{ConnectionCap, ConnectionGuard};
 use crate::handlers::{self, Shim};
 use crate::metrics::{ConnectionClose, Metrics};
 use crate::redis_store::RedisStore;
@@ -64,7 +64,7 @@ pub async fn run(
     // within the header timeout (below); only a caller that passed the token keeps one open.
     builder.http1().max_buf_size(MAX_READ_BUFFER_BYTES);
     builder.http2().timer(TokioTimer::new());
-    let connections = Connections::new(shim.config.max_connections, shim.metrics.clone());
+    let connection_cap = ConnectionCap::new(shim.config.max_connections, shim.metrics.clone());
     let graceful = GracefulShutdown::new();
 
     let mut shutdown = std::pin::pin!(shutdown);
@@ -83,7 +83,7 @@ pub async fn run(
                 continue;
             }
         };
-        let Some(guard) = connections.admit() else {
+        let Some(guard) = connection_cap.admit() else {
             drop(stream);
             continue;
         };
