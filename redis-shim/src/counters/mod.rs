@@ -11,7 +11,8 @@
 mod report;
 mod rule_rows;
 
-use crate::admin::{ResetAnswer, ShowAnswer, VariantsAnswer, RESET_PATH, SHOW_PATH, VARIANTS_PATH};
+use crate::admin::{ResetAnswer, ShowAnswer, VariantsAnswer};
+use crate::routes::{COUNTERS_RESET, COUNTERS_SHOW, COUNTERS_VARIANTS};
 use clap::Subcommand;
 use ratelimit_rules::attributes::GivenRequest;
 use ratelimit_rules::config::FilterConfig;
@@ -137,12 +138,12 @@ fn execute(args: &CountersArgs, reset: bool) -> Result<(String, Option<String>),
         (vec![], None, vec![])
     } else {
         let request = CheckRequest { checks };
-        let variants: VariantsAnswer = call(args, VARIANTS_PATH, &request)?;
+        let variants: VariantsAnswer = call(args, COUNTERS_VARIANTS.path, &request)?;
         if reset {
-            let answer: ResetAnswer = call(args, RESET_PATH, &request)?;
+            let answer: ResetAnswer = call(args, COUNTERS_RESET.path, &request)?;
             (answer.before, Some(answer.deleted), variants.variants)
         } else {
-            let answer: ShowAnswer = call(args, SHOW_PATH, &request)?;
+            let answer: ShowAnswer = call(args, COUNTERS_SHOW.path, &request)?;
             (answer.results, None, variants.variants)
         }
     };
