@@ -1,6 +1,6 @@
 //! The shim in operation: health and readiness, failing fast with Redis down or
 //! blackholed (stopped with SIGSTOP: connections open, nothing answers) while memory
-//! stays flat, the in-flight bound, graceful shutdown on SIGTERM, `/metrics` as
+//! stays flat, the in-flight bound (admin calls included), graceful shutdown on SIGTERM, `/metrics` as
 //! Prometheus text, JSON logs and `--help`.
 
 mod support;
@@ -140,6 +140,48 @@ fn checks_past_the_in_flight_bound_get_503_at_once() {
     assert_eq!(
         sample(&metrics(&shim), "rlshim_requests_total{outcome=\"overloaded\"}"),
         1.0
+    );
+}
+
+// The admin endpoints go through the same template as the checks.
+#[test]
+fn admin_calls_past_the_in_flight_bound_get_503_at_once_like_checks() {
+    const ADMIN_TOKEN: &str = "adm1n";
+    let redis = Redis::start();
+    let shim = Shim::start(
+        &redis.url(),
+        &[
+            "--admin-token",
+            ADMIN_TOKEN,
+            "--max-in-flight",
+            "2",
+            "--redis-timeout-ms",
+            "10000",
+        ],
+    );
+    let show = || {
+        post(
+            &shim.url("/v1/admin/counters/show"),
+            &[("x-ratelimit-token", ADMIN_TOKEN)],
+            &check_body("k0"),
+        )
+    };
+    redis.process().signal("STOP");
+    let waiting = post_in_background(&shim, 2);
+    wait_for_in_flight(&shim, 2);
+    let refused = show();
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert!(refused.body.contains("overloaded"), "{}", refused.body);
+    redis.process().signal("CONT");
+    for handle in waiting {
+        let reply = handle.join().unwrap();
+        assert_eq!(reply.status, 200, "{reply:?}");
+    }
+    assert_eq!(show().status, 200, "the checks' permits are given back");
+    assert_eq!(
+        sample(&metrics(&shim), "rlshim_requests_total{outcome=\"overloaded\"}"),
+        0.0,
+        "an admin call is not a check request"
     );
 }
 
