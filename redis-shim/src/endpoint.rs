@@ -319,8 +319,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::redis_connection::RedisConfig;
-    use std::time::Duration;
+    use crate::config::test_config;
 
     #[test]
     fn token_comparison() {
@@ -332,21 +331,10 @@ mod tests {
 
     fn config(token: Option<&str>, admin_token: Option<&str>, token_for_operators: bool) -> ShimConfig {
         ShimConfig {
-            redis: RedisConfig {
-                urls: vec!["redis://127.0.0.1:6379".into()],
-                cluster: false,
-                timeout: Duration::from_millis(50),
-                max_pending: 10,
-            },
-            key_prefix: "rl:".into(),
             token: token.map(String::from),
             admin_token: admin_token.map(String::from),
             token_for_operators,
-            max_in_flight: 10,
-            max_connections: 10,
-            header_timeout: Duration::from_secs(1),
-            body_timeout: Duration::from_secs(1),
-            shutdown_timeout: Duration::from_secs(1),
+            ..test_config()
         }
     }
 
