@@ -10,7 +10,6 @@ use serde_json::{json, Value};
 const LOCAL_NOTE: &str = "local rule: no Redis counter (each Envoy keeps its own bucket)";
 
 /// What the command found, ready to print.
-#[derive(Clone, Copy)]
 pub struct Report<'a> {
     pub rows: &'a [RuleRow],
     /// One per counted rule, in order: its state (before the reset, for a reset).
@@ -108,14 +107,7 @@ fn counted_notes(planned: &PlannedCheck, tier: Option<&str>, shown: Option<&Chec
 impl Report<'_> {
     /// The report as an aligned table, then the notes.
     pub fn table(&self) -> String {
-        let Report {
-            rows,
-            results,
-            deleted,
-            notes,
-            reset,
-        } = *self;
-        let mut lines: Vec<Vec<String>> = vec![if reset {
+        let mut lines: Vec<Vec<String>> = vec![if self.reset {
             ["RULE", "KEY", "RESULT", "NOTE"].map(String::from).to_vec()
         } else {
             [
@@ -131,16 +123,16 @@ impl Report<'_> {
             .to_vec()
         }];
         let mut counted = 0;
-        for row in rows {
+        for row in self.rows {
             let dash = || "-".to_string();
             let line = match &row.state {
                 RuleState::Counted(planned) => {
-                    let result = results.get(counted);
-                    let was_deleted = deleted.and_then(|d| d.get(counted)).copied();
+                    let result = self.results.get(counted);
+                    let was_deleted = self.deleted.and_then(|d| d.get(counted)).copied();
                     counted += 1;
-                    let note = counted_notes(planned, row.tier.as_deref(), result.filter(|_| !reset));
+                    let note = counted_notes(planned, row.tier.as_deref(), result.filter(|_| !self.reset));
                     let key = planned.check.key.clone();
-                    if reset {
+                    if self.reset {
                         let outcome = match (was_deleted, result) {
                             (Some(true), Some(before)) => {
                                 format!("deleted (had {} of {} left)", before.remaining, before.limit)
@@ -177,7 +169,7 @@ impl Report<'_> {
                         RuleState::NotApplicable(why) => why.clone(),
                         _ => LOCAL_NOTE.to_string(),
                     };
-                    let blanks = if reset { 2 } else { 5 };
+                    let blanks = if self.reset { 2 } else { 5 };
                     let mut line = vec![row.name.clone()];
                     line.extend((0..blanks).map(|_| dash()));
                     line.push(note);
@@ -208,21 +200,15 @@ impl Report<'_> {
                     .to_string()
             })
             .collect();
-        out.extend(notes.iter().map(|note| format!("note: {note}")));
+        out.extend(self.notes.iter().map(|note| format!("note: {note}")));
         out.join("\n")
     }
 
     /// The report as one JSON document.
     pub fn json(&self) -> String {
-        let Report {
-            rows,
-            results,
-            deleted,
-            notes,
-            reset,
-        } = *self;
         let mut counted = 0;
-        let rules: Vec<Value> = rows
+        let rules: Vec<Value> = self
+            .rows
             .iter()
             .map(|row| match &row.state {
                 RuleState::Counted(planned) => {
@@ -239,13 +225,13 @@ impl Report<'_> {
                         "shadow": check.shadow,
                         "tier": row.tier,
                     });
-                    if let Some(result) = results.get(counted) {
+                    if let Some(result) = self.results.get(counted) {
                         value["allowed"] = json!(result.allowed);
                         value["remaining"] = json!(result.remaining);
                         value["reset_ms"] = json!(result.reset_ms);
                         value["retry_after_ms"] = json!(result.retry_after_ms);
                     }
-                    if let Some(was_deleted) = deleted.and_then(|d| d.get(counted)) {
+                    if let Some(was_deleted) = self.deleted.and_then(|d| d.get(counted)) {
                         value["deleted"] = json!(was_deleted);
                     }
                     counted += 1;
@@ -257,7 +243,7 @@ impl Report<'_> {
                 }
             })
             .collect();
-        let action = if reset { "reset" } else { "show" };
-        json!({ "action": action, "rules": rules, "notes": notes }).to_string()
+        let action = if self.reset { "reset" } else { "show" };
+        json!({ "action": action, "rules": rules, "notes": self.notes }).to_string()
     }
 }
