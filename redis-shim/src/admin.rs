@@ -44,8 +44,8 @@ pub struct VariantsAnswer {
     pub variants: Vec<Vec<String>>,
 }
 
-/// The counters asked about, validated as a check is, with their Redis keys; or the
-/// refusal to answer.
+/// The counters asked about, validated as a check is, with their Redis keys; or why
+/// they are invalid.
 fn counters_asked(shim: &Shim, body: &[u8]) -> Result<(CheckRequest, Vec<String>), String> {
     let request = serde_json::from_slice::<CheckRequest>(body)
         .map_err(|e| e.to_string())

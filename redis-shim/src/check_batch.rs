@@ -31,6 +31,7 @@ pub async fn check_batch(mut request: Admitted) -> Reply {
             )
         }
     };
+    // A handle of its own, so the request's permit can be extended while it is in use.
     let shim = request.shim.clone();
     // Tokens given back and costs settled first, so the requests of this batch see them.
     if !batch.returns.is_empty() || !batch.settlements.is_empty() {
