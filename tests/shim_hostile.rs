@@ -1,9 +1,9 @@
 //! The shim against hostile or broken clients (issue #15, item 2), each on raw sockets
 //! against the real shim and a real Redis: a caller without the token is refused before
 //! its body is read (and a flood of such callers leaves memory flat), a client stalled
-//! in its headers or its body is cut at the timeout, and a flood of idle connections
-//! past the connection cap does not lock a legitimate caller out. And every shipped
-//! deployment requires a token, the one its callers send.
+//! in its headers or its body (a check's or an admin call's) is cut at the timeout, and
+//! a flood of idle connections past the connection cap does not lock a legitimate caller
+//! out. And every shipped deployment requires a token, the one its callers send.
 //!
 //! Timeouts are set short by flag so the whole file runs in seconds.
 
@@ -186,20 +186,18 @@ fn a_connection_stalled_in_its_headers_is_closed_at_the_header_timeout() {
     assert_eq!(post(&shim.url("/v1/check"), &[], &body).status, 200);
 }
 
-#[test]
-fn a_body_that_stalls_is_cut_at_the_body_timeout() {
-    let redis = Redis::start();
-    let shim = Shim::start(&redis.url(), &["--token", TOKEN, "--body-timeout-ms", "500"]);
+/// Sends `path` the token and the start of a 200-byte body, then nothing: checks that
+/// the shim answers 408 and closes the connection at the body timeout (500 ms), and
+/// counts the closing.
+fn assert_a_stalled_body_is_cut(shim: &Shim, path: &str) {
     let mut stream = connect(shim.port);
     let token = format!("x-ratelimit-token: {TOKEN}\r\n");
     let sent = Instant::now();
-    stream
-        .write_all(head("/v1/check", 200, &token).as_bytes())
-        .unwrap();
+    stream.write_all(head(path, 200, &token).as_bytes()).unwrap();
     stream.write_all(br#"{"checks": ["#).unwrap();
     let (reply, closed) = read_until_closed(&mut stream);
     let after = closed - sent;
-    println!("stalled body: 408 and closed after {after:?}");
+    println!("{path}: stalled body: 408 and closed after {after:?}");
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
     assert!(
         reply.to_ascii_lowercase().contains("connection: close"),
@@ -208,10 +206,30 @@ fn a_body_that_stalls_is_cut_at_the_body_timeout() {
     assert!(after >= Duration::from_millis(400), "cut early, after {after:?}");
     assert!(after < Duration::from_secs(3), "closed after {after:?}");
     assert_eq!(
-        metric(&shim, r#"rlshim_connections_closed_total{reason="body_timeout"}"#),
+        metric(shim, r#"rlshim_connections_closed_total{reason="body_timeout"}"#),
         1
     );
+}
+
+#[test]
+fn a_body_that_stalls_is_cut_at_the_body_timeout() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &["--token", TOKEN, "--body-timeout-ms", "500"]);
+    assert_a_stalled_body_is_cut(&shim, "/v1/check");
     assert_eq!(redis.cli(&["DBSIZE"]), "0", "nothing was decided");
+}
+
+// The admin endpoints go through the same template as the checks.
+#[test]
+fn an_admin_body_that_stalls_is_cut_like_a_check_body() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &["--token", TOKEN, "--body-timeout-ms", "500"]);
+    assert_a_stalled_body_is_cut(&shim, "/v1/admin/counters/reset");
+    assert_eq!(
+        metric(&shim, r#"rlshim_requests_total{outcome="invalid"}"#),
+        0,
+        "an admin call is not a check request"
+    );
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The shim in operation: health and readiness, failing fast with Redis down or
 //! blackholed (stopped with SIGSTOP: connections open, nothing answers) while memory
-//! stays flat, the in-flight bound, graceful shutdown on SIGTERM, `/metrics` as
+//! stays flat, the in-flight bound (admin calls included), graceful shutdown on SIGTERM, `/metrics` as
 //! Prometheus text, JSON logs and `--help`.
 
 mod support;
@@ -119,17 +119,18 @@ fn blackholed_redis_fails_checks_fast_with_flat_memory_then_recovers() {
     assert_eq!(get(&shim.url("/readyz"), &[]).status, 200);
 }
 
-#[test]
-fn checks_past_the_in_flight_bound_get_503_at_once() {
-    let redis = Redis::start();
-    let shim = Shim::start(
-        &redis.url(),
-        &["--max-in-flight", "4", "--redis-timeout-ms", "10000"],
-    );
+/// Fills the in-flight bound (`bound`) with checks held by a stopped Redis, then checks
+/// that `one_more` is refused 503 overloaded at once; then lets Redis answer the checks.
+fn assert_refused_past_the_bound(
+    redis: &Redis,
+    shim: &impl ShimEndpoint,
+    bound: usize,
+    one_more: impl FnOnce() -> Reply,
+) {
     redis.process().signal("STOP");
-    let waiting = post_in_background(&shim, 4);
-    wait_for_in_flight(&shim, 4);
-    let refused = post(&shim.url("/v1/check"), &[], &check_body("one-too-many"));
+    let waiting = post_in_background(shim, bound);
+    wait_for_in_flight(shim, bound as u64);
+    let refused = one_more();
     assert_eq!(refused.status, 503, "{refused:?}");
     assert!(refused.body.contains("overloaded"), "{}", refused.body);
     redis.process().signal("CONT");
@@ -137,9 +138,53 @@ fn checks_past_the_in_flight_bound_get_503_at_once() {
         let reply = handle.join().unwrap();
         assert_eq!(reply.status, 200, "{reply:?}");
     }
+}
+
+#[test]
+fn checks_past_the_in_flight_bound_get_503_at_once() {
+    let redis = Redis::start();
+    let shim = Shim::start(
+        &redis.url(),
+        &["--max-in-flight", "4", "--redis-timeout-ms", "10000"],
+    );
+    assert_refused_past_the_bound(&redis, &shim, 4, || {
+        post(&shim.url("/v1/check"), &[], &check_body("one-too-many"))
+    });
     assert_eq!(
         sample(&metrics(&shim), "rlshim_requests_total{outcome=\"overloaded\"}"),
         1.0
+    );
+}
+
+// The admin endpoints go through the same template as the checks.
+#[test]
+fn admin_calls_past_the_in_flight_bound_get_503_at_once_like_checks() {
+    const ADMIN_TOKEN: &str = "adm1n";
+    let redis = Redis::start();
+    let shim = Shim::start(
+        &redis.url(),
+        &[
+            "--admin-token",
+            ADMIN_TOKEN,
+            "--max-in-flight",
+            "2",
+            "--redis-timeout-ms",
+            "10000",
+        ],
+    );
+    let show = || {
+        post(
+            &shim.url("/v1/admin/counters/show"),
+            &[("x-ratelimit-token", ADMIN_TOKEN)],
+            &check_body("k0"),
+        )
+    };
+    assert_refused_past_the_bound(&redis, &shim, 2, show);
+    assert_eq!(show().status, 200, "the checks' permits are given back");
+    assert_eq!(
+        sample(&metrics(&shim), "rlshim_requests_total{outcome=\"overloaded\"}"),
+        0.0,
+        "an admin call is not a check request"
     );
 }
 

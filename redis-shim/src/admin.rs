@@ -3,25 +3,20 @@
 //! keys deleted).
 //!
 //! They read and reset any client's counters, so they always require a token: the
-//! shim's `--admin-token`, else its `--token`. A shim started with neither refuses them
-//! (403) rather than serve them open. A caller sends the counters as a [`CheckRequest`]
+//! shim's `--admin-token`, else its `--token` ([`crate::endpoint::Access::Admin`]). A
+//! shim started with neither refuses them (403) rather than serve them open. Like a
+//! check, each takes an in-flight permit and its body is read within the limits. A
+//! caller sends the counters as a [`CheckRequest`]
 //! (keys as the filter sends them, without the shim's prefix), validated as a check is.
 
-use crate::body::{read_body, BodyError};
-use crate::decision;
-use crate::handlers::{constant_time_eq, error, Shim, MAX_BODY_BYTES};
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use crate::endpoint::{error, Admitted, Shim};
+use crate::peek::peek;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ratelimit_wire::{CheckRequest, CheckResult, TOKEN_HEADER};
+use ratelimit_wire::{CheckRequest, CheckResult};
 use serde::{Deserialize, Serialize};
-use std::sync::Arc;
 
-pub const SHOW_PATH: &str = "/v1/admin/counters/show";
-pub const RESET_PATH: &str = "/v1/admin/counters/reset";
-pub const VARIANTS_PATH: &str = "/v1/admin/counters/variants";
 /// Most keys of other variants reported per counter.
 const MAX_VARIANTS: usize = 32;
 
@@ -49,39 +44,13 @@ pub struct VariantsAnswer {
     pub variants: Vec<Vec<String>>,
 }
 
-/// The counters asked about, with their Redis keys; or the refusal to answer.
-async fn admitted(
-    shim: &Shim,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<(CheckRequest, Vec<String>), Response> {
-    let Some(expected) = shim.config.admin_token.as_ref().or(shim.config.token.as_ref()) else {
-        return Err(error(
-            StatusCode::FORBIDDEN,
-            "the admin endpoints are off: this shim has no token (start it with --admin-token or --token)",
-        ));
-    };
-    let presented = headers
-        .get(TOKEN_HEADER)
-        .map(|v| v.as_bytes())
-        .unwrap_or_default();
-    if !constant_time_eq(presented, expected.as_bytes()) {
-        return Err(error(
-            StatusCode::UNAUTHORIZED,
-            format!("missing or wrong {TOKEN_HEADER}"),
-        ));
-    }
-    let body = read_body(headers, body, MAX_BODY_BYTES, shim.config.body_timeout)
-        .await
-        .map_err(|e| match e {
-            BodyError::TooLarge => error(StatusCode::PAYLOAD_TOO_LARGE, "body too large"),
-            BodyError::TimedOut => error(StatusCode::REQUEST_TIMEOUT, "body too slow"),
-            BodyError::Unreadable(e) => error(StatusCode::BAD_REQUEST, e),
-        })?;
-    let request = serde_json::from_slice::<CheckRequest>(&body)
+/// The counters asked about, validated as a check is, with their Redis keys; or why
+/// they are invalid.
+fn counters_asked(shim: &Shim, body: &[u8]) -> Result<(CheckRequest, Vec<String>), String> {
+    let request = serde_json::from_slice::<CheckRequest>(body)
         .map_err(|e| e.to_string())
         .and_then(|request| request.validate().map(|()| request).map_err(|e| e.to_string()))
-        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("invalid counters: {e}")))?;
+        .map_err(|e| format!("invalid counters: {e}"))?;
     let keys = shim
         .config
         .redis_keys(request.checks.iter().map(|check| check.key.as_str()));
@@ -92,12 +61,13 @@ fn redis_failure(e: impl std::fmt::Display) -> Response {
     error(StatusCode::SERVICE_UNAVAILABLE, format!("redis: {e}"))
 }
 
-pub async fn show(State(shim): State<Arc<Shim>>, headers: HeaderMap, body: Body) -> Response {
-    let (request, keys) = match admitted(&shim, &headers, body).await {
-        Ok(admitted) => admitted,
-        Err(refusal) => return refusal,
+pub async fn show(request: Admitted) -> Response {
+    let shim = &request.shim;
+    let (counters, keys) = match counters_asked(shim, &request.body) {
+        Ok(asked) => asked,
+        Err(invalid) => return error(StatusCode::BAD_REQUEST, invalid),
     };
-    match decision::peek(&shim.store, &keys, &request.checks).await {
+    match peek(&shim.store, &keys, &counters.checks).await {
         Ok(results) => Json(ShowAnswer { results }).into_response(),
         Err(e) => redis_failure(e),
     }
@@ -105,12 +75,13 @@ pub async fn show(State(shim): State<Arc<Shim>>, headers: HeaderMap, body: Body)
 
 /// Each algorithm keeps a counter in exactly one key (see the scripts' headers), so
 /// deleting it is the whole reset; the client's next check starts from a full limit.
-pub async fn reset(State(shim): State<Arc<Shim>>, headers: HeaderMap, body: Body) -> Response {
-    let (request, keys) = match admitted(&shim, &headers, body).await {
-        Ok(admitted) => admitted,
-        Err(refusal) => return refusal,
+pub async fn reset(request: Admitted) -> Response {
+    let shim = &request.shim;
+    let (counters, keys) = match counters_asked(shim, &request.body) {
+        Ok(asked) => asked,
+        Err(invalid) => return error(StatusCode::BAD_REQUEST, invalid),
     };
-    let before = match decision::peek(&shim.store, &keys, &request.checks).await {
+    let before = match peek(&shim.store, &keys, &counters.checks).await {
         Ok(before) => before,
         Err(e) => return redis_failure(e),
     };
@@ -127,14 +98,15 @@ pub async fn reset(State(shim): State<Arc<Shim>>, headers: HeaderMap, body: Body
 
 /// A counter key is `<rule>/<variant>:{<client hash>}`: the other variants of the same
 /// rule and client share its rule and its hash tag, so they sit in its cluster slot.
-pub async fn variants(State(shim): State<Arc<Shim>>, headers: HeaderMap, body: Body) -> Response {
-    let (request, keys) = match admitted(&shim, &headers, body).await {
-        Ok(admitted) => admitted,
-        Err(refusal) => return refusal,
+pub async fn variants(request: Admitted) -> Response {
+    let shim = &request.shim;
+    let (counters, keys) = match counters_asked(shim, &request.body) {
+        Ok(asked) => asked,
+        Err(invalid) => return error(StatusCode::BAD_REQUEST, invalid),
     };
     let prefix = &shim.config.key_prefix;
     let mut variants = Vec::with_capacity(keys.len());
-    for (check, key) in request.checks.iter().zip(&keys) {
+    for (check, key) in counters.checks.iter().zip(&keys) {
         let Some(pattern) = variant_pattern(prefix, &check.key) else {
             variants.push(vec![]);
             continue;

@@ -5,8 +5,8 @@
 //! flags an operator would pass.
 
 use crate::config::ShimConfig;
-use crate::counters::CountersArgs;
-use crate::store::RedisConfig;
+use crate::counters::CountersCommand;
+use crate::redis_connection::RedisConfig;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -60,7 +60,8 @@ pub struct Args {
     /// the port is then accepted). Without it, the shim refuses to start that way.
     #[arg(long, env = "RLSHIM_ALLOW_NO_TOKEN")]
     pub allow_no_token: bool,
-    /// Most check requests decided at once; more are answered 503 immediately.
+    /// Most check requests (admin calls included) answered at once; more are answered
+    /// 503 immediately.
     #[arg(long, env = "RLSHIM_MAX_IN_FLIGHT", default_value_t = 1024)]
     pub max_in_flight: usize,
     /// Most connections open at once. Past it, a new connection closes the oldest one
@@ -73,8 +74,8 @@ pub struct Args {
     /// has made a request (past the token) is not timed while idle.
     #[arg(long, env = "RLSHIM_HEADER_TIMEOUT_MS", default_value_t = 5_000)]
     pub header_timeout_ms: u64,
-    /// Longest wait for a check request's whole body, in milliseconds; past it, the
-    /// request is answered 408 and its connection closed.
+    /// Longest wait for a request's whole body (a check's or an admin call's), in
+    /// milliseconds; past it, the request is answered 408 and its connection closed.
     #[arg(long, env = "RLSHIM_BODY_TIMEOUT_MS", default_value_t = 5_000)]
     pub body_timeout_ms: u64,
     /// After SIGTERM, longest wait for the checks in flight, in milliseconds.
@@ -91,15 +92,6 @@ pub enum Command {
     /// plugin configuration exactly as the filter keys them.
     #[command(subcommand)]
     Counters(CountersCommand),
-}
-
-#[derive(Subcommand, Debug)]
-pub enum CountersCommand {
-    /// Each rule's state for the request described (remaining, reset, retry-after),
-    /// charging nothing.
-    Show(CountersArgs),
-    /// Deletes the request's counters: its next request meets full limits.
-    Reset(CountersArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

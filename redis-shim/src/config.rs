@@ -1,7 +1,7 @@
 //! What the shim runs with: [`ShimConfig`], and the checks that refuse a configuration
 //! the shim cannot run safely with before anything is served.
 
-use crate::store::RedisConfig;
+use crate::redis_connection::RedisConfig;
 use std::time::Duration;
 
 /// Longest key prefix accepted.
@@ -20,13 +20,14 @@ pub struct ShimConfig {
     pub admin_token: Option<String>,
     /// Whether `/metrics` and `/readyz` require the token too (`/healthz` never does).
     pub token_for_operators: bool,
-    /// Most check requests decided at once; more are answered 503 at once.
+    /// Most requests with a body (checks, admin calls) answered at once; more are
+    /// answered 503 at once.
     pub max_in_flight: usize,
-    /// Most connections open at once (see `connections.rs`).
+    /// Most connections open at once (see `connection_cap.rs`).
     pub max_connections: usize,
     /// Longest wait for a connection's first request (its headers included).
     pub header_timeout: Duration,
-    /// Longest wait for a check request's body.
+    /// Longest wait for a request's body (a check's or an admin call's).
     pub body_timeout: Duration,
     /// Longest the shim waits for checks in flight after the shutdown signal.
     pub shutdown_timeout: Duration,
@@ -80,80 +81,82 @@ impl ShimConfig {
     }
 }
 
+/// A valid configuration for unit tests: no token, small bounds, short timeouts.
+#[cfg(test)]
+pub(crate) fn test_config() -> ShimConfig {
+    ShimConfig {
+        redis: RedisConfig {
+            urls: vec!["redis://127.0.0.1:6379".into()],
+            cluster: false,
+            timeout: Duration::from_millis(50),
+            max_pending: 10,
+        },
+        key_prefix: "rl:".into(),
+        token: None,
+        admin_token: None,
+        token_for_operators: false,
+        max_in_flight: 10,
+        max_connections: 10,
+        header_timeout: Duration::from_secs(1),
+        body_timeout: Duration::from_secs(1),
+        shutdown_timeout: Duration::from_secs(1),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn config() -> ShimConfig {
-        ShimConfig {
-            redis: RedisConfig {
-                urls: vec!["redis://127.0.0.1:6379".into()],
-                cluster: false,
-                timeout: Duration::from_millis(50),
-                max_pending: 10,
-            },
-            key_prefix: "rl:".into(),
-            token: None,
-            admin_token: None,
-            token_for_operators: false,
-            max_in_flight: 10,
-            max_connections: 10,
-            header_timeout: Duration::from_secs(1),
-            body_timeout: Duration::from_secs(1),
-            shutdown_timeout: Duration::from_secs(1),
-        }
-    }
-
     #[test]
     fn configuration_is_validated() {
-        assert!(config().validate().is_ok());
+        assert!(test_config().validate().is_ok());
         let cases: Vec<(ShimConfig, &str)> = vec![
             (
                 ShimConfig {
                     key_prefix: "rl{x}:".into(),
-                    ..config()
+                    ..test_config()
                 },
                 "'{'",
             ),
             (
                 ShimConfig {
                     key_prefix: "a b".into(),
-                    ..config()
+                    ..test_config()
                 },
                 "printable",
             ),
             (
                 ShimConfig {
                     max_in_flight: 0,
-                    ..config()
+                    ..test_config()
                 },
                 "in flight",
             ),
             (
                 ShimConfig {
                     max_connections: 0,
-                    ..config()
+                    ..test_config()
                 },
                 "connections",
             ),
             (
                 ShimConfig {
                     body_timeout: Duration::ZERO,
-                    ..config()
+                    ..test_config()
                 },
                 "timeouts",
             ),
             (
                 ShimConfig {
                     token: Some(String::new()),
-                    ..config()
+                    ..test_config()
                 },
                 "token",
             ),
             (
                 ShimConfig {
                     admin_token: Some(String::new()),
-                    ..config()
+                    ..test_config()
                 },
                 "token",
             ),
@@ -162,7 +165,7 @@ mod tests {
             let err = config.validate().unwrap_err();
             assert!(err.contains(expected), "{err} should mention {expected}");
         }
-        let mut two_urls = config();
+        let mut two_urls = test_config();
         two_urls.redis.urls.push("redis://127.0.0.1:6380".into());
         assert!(two_urls.validate().unwrap_err().contains("standalone"));
         two_urls.redis.cluster = true;

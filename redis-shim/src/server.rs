@@ -1,20 +1,19 @@
-//! The server: the routes, and [`run`], which serves them on a bound listener until a
+//! The server: [`run`], which serves the routes ([`crate::routes`]) on a bound listener until a
 //! shutdown future completes, so tests serve the real shim on a port they picked.
 //!
 //! Connections are served here rather than by `axum::serve`, which sets no timer (so no
 //! header-read timeout) and accepts without limit: each accepted connection first passes
-//! the connection cap (`connections.rs`), then is served over HTTP/1.1 or HTTP/2
+//! the connection cap (`connection_cap.rs`), then is served over HTTP/1.1 or HTTP/2
 //! cleartext (detected from its first bytes) with the header-read timeout, and is closed
 //! if its first request does not start within that timeout either (which covers a
 //! client that sends nothing, or stalls in the HTTP/2 preface, where hyper has no timer).
 
-use crate::admin;
 use crate::config::ShimConfig;
-use crate::connections::{ConnectionGuard, Connections};
-use crate::handlers::{self, Shim};
+use crate::connection_cap::{ConnectionCap, ConnectionGuard};
+use crate::endpoint::Shim;
 use crate::metrics::{ConnectionClose, Metrics};
-use crate::store::RedisStore;
-use axum::routing::{get, post};
+use crate::redis_store::RedisStore;
+use crate::routes;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::service::Service as _;
@@ -22,7 +21,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use ratelimit_wire::{CHECK_BATCH_PATH, CHECK_PATH};
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -45,17 +43,7 @@ pub async fn run(
     let metrics = Arc::new(Metrics::default());
     let store = RedisStore::connect(&config.redis, metrics.clone())?;
     let shim = Arc::new(Shim::new(store, config, metrics));
-    // The handlers read their bodies themselves, within the limits, after the token.
-    let app = Router::new()
-        .route(CHECK_PATH, post(handlers::check))
-        .route(CHECK_BATCH_PATH, post(handlers::check_batch))
-        .route("/healthz", get(handlers::healthz))
-        .route("/readyz", get(handlers::readyz))
-        .route("/metrics", get(handlers::metrics))
-        .route(admin::SHOW_PATH, post(admin::show))
-        .route(admin::RESET_PATH, post(admin::reset))
-        .route(admin::VARIANTS_PATH, post(admin::variants))
-        .with_state(shim.clone());
+    let app = routes::router(shim.clone());
 
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // No header-read timer on HTTP/1: hyper's also runs while a kept-alive connection
@@ -64,7 +52,7 @@ pub async fn run(
     // within the header timeout (below); only a caller that passed the token keeps one open.
     builder.http1().max_buf_size(MAX_READ_BUFFER_BYTES);
     builder.http2().timer(TokioTimer::new());
-    let connections = Connections::new(shim.config.max_connections, shim.metrics.clone());
+    let connection_cap = ConnectionCap::new(shim.config.max_connections, shim.metrics.clone());
     let graceful = GracefulShutdown::new();
 
     let mut shutdown = std::pin::pin!(shutdown);
@@ -83,7 +71,7 @@ pub async fn run(
                 continue;
             }
         };
-        let Some(guard) = connections.admit() else {
+        let Some(guard) = connection_cap.admit() else {
             drop(stream);
             continue;
         };

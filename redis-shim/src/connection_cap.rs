@@ -18,7 +18,7 @@ use std::time::Instant;
 use tokio::sync::Notify;
 
 /// The open connections, in the order they were accepted.
-pub struct Connections {
+pub struct ConnectionCap {
     max: usize,
     /// Counts the closings, and the open connections (exactly those in `open`).
     metrics: Arc<Metrics>,
@@ -57,18 +57,18 @@ impl ConnectionState {
 pub struct ConnectionGuard {
     id: u64,
     pub state: Arc<ConnectionState>,
-    table: Arc<Connections>,
+    table: Arc<ConnectionCap>,
 }
 
 /// Held while a request is being answered on a connection.
 pub struct RequestGuard {
     state: Arc<ConnectionState>,
-    table: Arc<Connections>,
+    table: Arc<ConnectionCap>,
 }
 
-impl Connections {
-    pub fn new(max: usize, metrics: Arc<Metrics>) -> Arc<Connections> {
-        Arc::new(Connections {
+impl ConnectionCap {
+    pub fn new(max: usize, metrics: Arc<Metrics>) -> Arc<ConnectionCap> {
+        Arc::new(ConnectionCap {
             max,
             metrics,
             open: Mutex::new(BTreeMap::new()),
@@ -198,7 +198,7 @@ mod tests {
     #[test]
     fn the_cap_closes_idle_connections_first_and_refuses_when_all_are_busy() {
         let metrics = Arc::new(Metrics::default());
-        let table = Connections::new(2, metrics.clone());
+        let table = ConnectionCap::new(2, metrics.clone());
         let served = table.admit().unwrap();
         let _request = served.request();
         let idle = table.admit().unwrap();
