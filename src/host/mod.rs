@@ -2,8 +2,9 @@
 //! takes. Every host call goes through [`hostcalls`]; [`root`] is the root context (one
 //! per plugin instance and worker), [`http`] the context of one request, [`dispatcher`]
 //! the worker's batched calls to the shim and [`stats`] the stats Envoy shows. Deciding
-//! is the pure [`RequestDecision`](crate::request::RequestDecision)'s; this layer reads
-//! attributes, makes calls, applies outcomes and records events.
+//! is the pure [`RequestDecision`](crate::request::RequestDecision)'s for a request and
+//! the pure [`DispatchState`](crate::dispatch::DispatchState)'s for a worker's calls;
+//! this layer reads attributes, makes calls, applies outcomes and records events.
 
 mod dispatcher;
 mod hostcalls;
