@@ -179,9 +179,10 @@ fn list(enforcing: &[&Judged<'_>], item: impl Fn(&Judged<'_>) -> String) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{FilterConfig, Rule};
+    use crate::config::FilterConfig;
+    use crate::judged::fixtures::{check_for, result};
     use crate::response::{decide, Outcome};
-    use crate::wire::{Check, CheckResult};
+    use crate::wire::Check;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -195,32 +196,6 @@ mod tests {
                 {{"name": "global", "key": [{{"constant": "all"}}], "algorithm": "fixed_window", "limit": 100, "period": "1m"}}]}}"#
         );
         FilterConfig::from_json(json.as_bytes()).unwrap()
-    }
-
-    fn check_for(rule: &Rule) -> Check {
-        Check {
-            key: rule.name.clone(),
-            algorithm: rule.algorithm,
-            limit: rule.rate.limit(),
-            period_ms: rule.rate.period_ms(),
-            cost: 1,
-            shadow: false,
-            lease: 0,
-            calendar: None,
-        }
-    }
-
-    fn result(allowed: bool, limit: u64, remaining: u64, reset_ms: u64, retry_after_ms: u64) -> CheckResult {
-        CheckResult {
-            allowed,
-            limit,
-            remaining,
-            reset_ms,
-            retry_after_ms,
-            granted: u64::from(allowed),
-            lease_window_ms: 0,
-            stamp: 0,
-        }
     }
 
     /// The headers of a response where per_user has 4 left (full again in 35.5 s, its

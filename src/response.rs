@@ -217,6 +217,7 @@ mod tests {
     use super::*;
     // On wasm32 the same tests run under wasm-bindgen-test (Node).
     use crate::config::{CustomBody, FilterConfig, HeaderDialect, Rule};
+    use crate::judged::fixtures::{check_for, result};
     use crate::keys::KeyPart;
     use crate::rate_headers::{POLICY_HEADER, RATELIMIT_HEADER};
     use crate::wire::{Algorithm, CheckResult, Limit};
@@ -243,32 +244,6 @@ mod tests {
                 result: *result,
             })
             .collect()
-    }
-
-    fn check_for(rule: &Rule) -> Check {
-        Check {
-            key: format!("{}:{{k}}", rule.name),
-            algorithm: rule.algorithm,
-            limit: rule.rate.limit(),
-            period_ms: rule.rate.period_ms(),
-            cost: 1,
-            shadow: rule.shadow,
-            lease: 0,
-            calendar: rule.calendar,
-        }
-    }
-
-    fn result(allowed: bool, limit: u64, remaining: u64, reset_ms: u64, retry_after_ms: u64) -> CheckResult {
-        CheckResult {
-            allowed,
-            limit,
-            remaining,
-            reset_ms,
-            retry_after_ms,
-            granted: u64::from(allowed),
-            lease_window_ms: 0,
-            stamp: 0,
-        }
     }
 
     fn settings(style: &[HeaderDialect]) -> ResponseSettings {

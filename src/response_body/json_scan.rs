@@ -10,11 +10,8 @@
 //! byte that cannot be JSON it stops, keeping what it found before. Keys are compared
 //! as written (an escaped key does not match).
 
-use crate::config::parse_cost;
+use super::scalar_cost::{is_number_byte, number_cost, text_cost, MAX_VALUE_TEXT};
 pub use crate::config::MAX_PATHS;
-use crate::wire::MAX_LIMIT;
-/// Longest number or digit string read as a value (longer reads as no value).
-const MAX_VALUE_TEXT: usize = 32;
 
 /// A container on the way to a path: which paths still match its location.
 #[derive(Debug, Clone, Copy)]
@@ -323,7 +320,7 @@ impl JsonScan {
         match (escaped, byte) {
             (false, b'"') => {
                 self.token = Token::None;
-                let value = std::str::from_utf8(&self.text).ok().and_then(parse_cost);
+                let value = text_cost(&self.text);
                 self.settle_scalar(value);
             }
             (false, b'\\') => {
@@ -385,26 +382,10 @@ fn all_paths(count: usize) -> u16 {
     }
 }
 
-fn is_number_byte(byte: u8) -> bool {
-    byte.is_ascii_digit() || matches!(byte, b'-' | b'+' | b'.' | b'e' | b'E')
-}
-
-/// A JSON number as a cost: a non-negative integer or whole float, capped at the
-/// largest limit.
-fn number_cost(text: &[u8]) -> Option<u64> {
-    let text = std::str::from_utf8(text).ok()?;
-    if let Some(cost) = parse_cost(text) {
-        return Some(cost);
-    }
-    let float: f64 = text.parse().ok()?;
-    let whole = float.is_finite() && float >= 0.0 && float.fract() == 0.0;
-    // `as` saturates: a float past u64 reads as the cap.
-    whole.then(|| (float as u64).min(MAX_LIMIT))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::MAX_LIMIT;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -5,6 +5,7 @@
 
 pub mod event_stream;
 pub mod json_scan;
+mod scalar_cost;
 
 use event_stream::EventStream;
 use json_scan::JsonScan;
