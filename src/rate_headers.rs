@@ -7,7 +7,7 @@
 //! configured ones; all of them describe the same decision. A refused rule's reset is the
 //! time its retry is admitted, the same instant `Retry-After` names.
 
-use crate::config::{headers_of, Form, ResponseSettings};
+use crate::config::{Form, ResponseSettings};
 use crate::judged::{Headers, Judged};
 use crate::wire::{Check, Refill};
 
@@ -122,43 +122,31 @@ pub fn write(
     now_unix_ms: u64,
     settings: &ResponseSettings,
 ) -> Headers {
-    let x_names = [
-        settings.limit_header.as_str(),
-        settings.remaining_header.as_str(),
-        settings.reset_header.as_str(),
-    ];
     let result = &tightest.result;
     let reset = reset_ms(tightest).unwrap_or(result.reset_ms);
     let mut headers: Headers = Vec::new();
-    for &dialect in &settings.dialects {
-        for (name, form) in headers_of(dialect, x_names) {
-            if headers.iter().any(|(written, _)| *written == name) {
-                continue;
-            }
-            let value = match form {
-                Form::Limit => result.limit.to_string(),
-                Form::Remaining => result.remaining.to_string(),
-                Form::UnixTime => ceil_seconds(now_unix_ms.saturating_add(reset)).to_string(),
-                Form::Seconds => ceil_seconds(reset).to_string(),
-                // Only refusals say how long to wait.
-                Form::Milliseconds if result.allowed => continue,
-                Form::Milliseconds => result.retry_after_ms.max(1).to_string(),
-                Form::EnvoyQuotaPolicy => envoy_quota_policy(tightest, enforcing, now_unix_ms),
-                Form::LegacyPolicy => legacy_policy(tightest, now_unix_ms),
-                Form::CombinedDraft7 => format!(
-                    "limit={}, remaining={}, reset={}",
-                    result.limit,
-                    result.remaining,
-                    ceil_seconds(reset)
-                ),
-                Form::StructuredPolicy => list(enforcing, |j| structured_policy(j, now_unix_ms)),
-                Form::StructuredDraft10 => {
-                    list(enforcing, |j| service_limit(j, reset_ms(j).map(ceil_seconds)))
-                }
-                Form::StructuredDraft11 => list(enforcing, |j| service_limit(j, effective_window_seconds(j))),
-            };
-            headers.push((name, value));
-        }
+    for (name, form) in &settings.written_headers {
+        let value = match *form {
+            Form::Limit => result.limit.to_string(),
+            Form::Remaining => result.remaining.to_string(),
+            Form::UnixTime => ceil_seconds(now_unix_ms.saturating_add(reset)).to_string(),
+            Form::Seconds => ceil_seconds(reset).to_string(),
+            // Only refusals say how long to wait.
+            Form::Milliseconds if result.allowed => continue,
+            Form::Milliseconds => result.retry_after_ms.max(1).to_string(),
+            Form::EnvoyQuotaPolicy => envoy_quota_policy(tightest, enforcing, now_unix_ms),
+            Form::LegacyPolicy => legacy_policy(tightest, now_unix_ms),
+            Form::CombinedDraft7 => format!(
+                "limit={}, remaining={}, reset={}",
+                result.limit,
+                result.remaining,
+                ceil_seconds(reset)
+            ),
+            Form::StructuredPolicy => list(enforcing, |j| structured_policy(j, now_unix_ms)),
+            Form::StructuredDraft10 => list(enforcing, |j| service_limit(j, reset_ms(j).map(ceil_seconds))),
+            Form::StructuredDraft11 => list(enforcing, |j| service_limit(j, effective_window_seconds(j))),
+        };
+        headers.push((name.clone(), value));
     }
     headers
 }

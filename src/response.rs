@@ -216,7 +216,7 @@ fn refusal(
 mod tests {
     use super::*;
     // On wasm32 the same tests run under wasm-bindgen-test (Node).
-    use crate::config::{CustomBody, FilterConfig, HeaderDialect, Rule};
+    use crate::config::{written_headers, FilterConfig, HeaderDialect, Rule};
     use crate::judged::fixtures::{check_for, result};
     use crate::keys::KeyPart;
     use crate::rate_headers::{POLICY_HEADER, RATELIMIT_HEADER};
@@ -251,6 +251,10 @@ mod tests {
             .unwrap()
             .response;
         settings.dialects = style.to_vec();
+        settings.written_headers = written_headers(
+            style,
+            ["x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"],
+        );
         settings
     }
 
@@ -353,13 +357,13 @@ mod tests {
     fn custom_status_body_and_header_names() {
         let rules = [rule("r", 5, false)];
         let checks: Vec<Check> = rules.iter().map(check_for).collect();
-        let mut custom = settings(&[HeaderDialect::XRateLimit]);
-        custom.status = 503;
-        custom.limit_header = "x-quota".into();
-        custom.body = Some(CustomBody {
-            content_type: "text/plain".into(),
-            template: "{rule}: {limit} max, retry in {retry_after}s".into(),
-        });
+        let custom = FilterConfig::from_json(
+            br#"{"shim_cluster": "c", "response": {"status": 503,
+            "header_names": {"limit": "X-Quota"}, "body": "{rule}: {limit} max, retry in {retry_after}s"},
+            "rules": [{"name": "r", "key": ["client_ip"], "limit": 1, "period": "1s"}]}"#,
+        )
+        .unwrap()
+        .response;
         let results = [result(false, 5, 0, 60_000, 2_000)];
         let Outcome::Reply(reply) = decide(&judged(&rules, &checks, &results), NOW_MS, &custom) else {
             panic!("expected a reply")

@@ -72,17 +72,17 @@ impl RawResponse {
             "x-ratelimit-remaining",
         )?;
         let reset_header = header_name("response.header_names.reset", names.reset, "x-ratelimit-reset")?;
-        let dialects = header_dialects::compile(
-            self.headers,
-            [&limit_header, &remaining_header, &reset_header],
-            warnings,
-        )?;
+        let x_names = [
+            limit_header.as_str(),
+            remaining_header.as_str(),
+            reset_header.as_str(),
+        ];
+        let dialects = header_dialects::compile(self.headers, x_names, warnings)?;
+        let written_headers = header_dialects::written_headers(&dialects, x_names);
         Ok(ResponseSettings {
             status,
             dialects,
-            limit_header,
-            remaining_header,
-            reset_header,
+            written_headers,
             body,
         })
     }

@@ -32,7 +32,7 @@ pub enum Form {
 
 /// The headers a dialect writes, by lower-case name, and in which form; `x_names` are the
 /// configured names of the `X-RateLimit-*` headers (limit, remaining, reset).
-pub fn headers_of(dialect: HeaderDialect, x_names: [&str; 3]) -> Vec<(String, Form)> {
+fn headers_of(dialect: HeaderDialect, x_names: [&str; 3]) -> Vec<(String, Form)> {
     let [limit, remaining, reset] = x_names;
     let named = |pairs: &[(&str, Form)]| pairs.iter().map(|(n, f)| (n.to_string(), *f)).collect();
     match dialect {
@@ -98,15 +98,16 @@ const DIALECTS: [(&str, HeaderDialect); 8] = [
     ("retry-after-ms", HeaderDialect::RetryAfterMs),
 ];
 
-/// Names kept from before dialects could be listed, with what they mean now.
-const ALIASES: [(&str, &[HeaderDialect], &str); 3] = [
-    ("ietf-draft", &[HeaderDialect::Draft10], "\"draft-10\""),
+/// Names of several dialects (or none), with what to warn of when one is used: the ones
+/// kept from before dialects could be listed say what they mean now.
+const ALIASES: [(&str, &[HeaderDialect], Option<&str>); 3] = [
+    ("ietf-draft", &[HeaderDialect::Draft10], Some("\"draft-10\"")),
     (
         "both",
         &[HeaderDialect::XRateLimit, HeaderDialect::Draft10],
-        "[\"x-ratelimit\", \"draft-10\"]; ratelimit-header-parser (npm) and ratelimit-headers (PyPI) read no numbers from it, see docs/CONFIG.md for a combination they read",
+        Some("[\"x-ratelimit\", \"draft-10\"]; ratelimit-header-parser (npm) and ratelimit-headers (PyPI) read no numbers from it, see docs/CONFIG.md for a combination they read"),
     ),
-    ("none", &[], "[]"),
+    ("none", &[], None),
 ];
 
 /// The dialects `raw` names, in its order, each once; `x_names` are the configured
@@ -125,8 +126,8 @@ pub(super) fn compile(
     for name in &names {
         let named = if let Some((_, dialect)) = DIALECTS.iter().find(|(n, _)| n == name) {
             vec![*dialect]
-        } else if let Some((_, meant, now)) = ALIASES.iter().find(|(n, _, _)| n == name) {
-            if *name != "none" {
+        } else if let Some((_, meant, warning)) = ALIASES.iter().find(|(n, _, _)| n == name) {
+            if let Some(now) = warning {
                 warnings.push(format!("response.headers: {name:?} is {now}"));
             }
             meant.to_vec()
@@ -163,6 +164,20 @@ pub(super) fn compile(
         }
     }
     Ok(dialects)
+}
+
+/// Every header `dialects` write and its form, once each, in order: what a response
+/// gets, worked out once when the configuration loads.
+pub fn written_headers(dialects: &[HeaderDialect], x_names: [&str; 3]) -> Vec<(String, Form)> {
+    let mut written: Vec<(String, Form)> = Vec::new();
+    for &dialect in dialects {
+        for (header, form) in headers_of(dialect, x_names) {
+            if !written.iter().any(|(name, _)| *name == header) {
+                written.push((header, form));
+            }
+        }
+    }
+    written
 }
 
 fn name_of(dialect: HeaderDialect) -> &'static str {

@@ -22,7 +22,7 @@ mod window;
 pub use cost_from_response::{parse_cost, MAX_PATHS};
 pub use duration::parse_duration;
 pub use header_dialects::{
-    headers_of, Form, POLICY_HEADER, RATELIMIT_HEADER, RETRY_AFTER_HEADER, RETRY_AFTER_MS_HEADER,
+    written_headers, Form, POLICY_HEADER, RATELIMIT_HEADER, RETRY_AFTER_HEADER, RETRY_AFTER_MS_HEADER,
 };
 pub use model::*;
 use std::fmt;

@@ -1,5 +1,6 @@
 //! The compiled configuration: what the request path reads, every value already checked.
 
+use super::header_dialects::Form;
 use crate::keys::KeyPart;
 use crate::matching::RequestMatch;
 use crate::wire::{Algorithm, CalendarWindow, Period, Rate};
@@ -101,10 +102,9 @@ pub struct ResponseSettings {
     pub status: u32,
     /// Every dialect its headers are written in, none writing a header another writes.
     pub dialects: Vec<HeaderDialect>,
-    /// Lower-case names of the `X-RateLimit-*` style headers.
-    pub limit_header: String,
-    pub remaining_header: String,
-    pub reset_header: String,
+    /// Every header those dialects write (the `X-RateLimit-*` ones under their
+    /// configured, lower-case names), with its form, once each, in order.
+    pub written_headers: Vec<(String, Form)>,
     /// A custom refusal body replacing the RFC 9457 problem document.
     pub body: Option<CustomBody>,
 }

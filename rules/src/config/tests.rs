@@ -39,8 +39,12 @@ fn compiles_a_valid_config() {
         config.response.dialects,
         [HeaderDialect::XRateLimit, HeaderDialect::Draft10]
     );
-    assert_eq!(config.response.limit_header, "x-quota");
-    assert_eq!(config.response.remaining_header, "x-ratelimit-remaining");
+    let written = &config.response.written_headers;
+    assert!(written.contains(&("x-quota".into(), Form::Limit)), "{written:?}");
+    assert!(
+        written.contains(&("x-ratelimit-remaining".into(), Form::Remaining)),
+        "{written:?}"
+    );
     let (key_rule, search) = (&config.rules[0], &config.rules[1]);
     assert_eq!(key_rule.key, vec![KeyPart::Header("x-api-key".into())]);
     assert_eq!(key_rule.rate.period_ms(), 60_000);
