@@ -2,7 +2,8 @@
 # `make bench`: installs the load generators when missing (wrk from Debian, oha from
 # crates.io), builds the pass-through wasm filter, runs the sweep (bench/run.py; extra
 # arguments are passed to it, e.g. --runs 3 --duration 5) and draws the latency plot
-# bench/latency.png with matplotlib; both run from a venv in bench/.venv.
+# bench/latency.png with matplotlib, then the cost of distance (bench/distance.py); all run
+# from a venv in bench/.venv.
 # Expects `make build` to have run (the Makefile's bench target depends on it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,3 +30,5 @@ fi
 # run.py reads the shim's cluster from the shipped envoy.yaml (PyYAML).
 bench/.venv/bin/python bench/run.py "$@"
 bench/.venv/bin/python bench/plot.py
+# The same paths a network hop away (bench/delay_proxy.rs, built here with rustc).
+bench/.venv/bin/python bench/distance.py
