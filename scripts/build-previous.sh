@@ -24,11 +24,14 @@ wasm=$dir/src/target/wasm32-wasip1/release/ratelimit_wasm.wasm
 if [ ! -f "$dir/built" ]; then
     rm -rf "$dir/src"
     mkdir -p "$dir/src"
-    git archive "$commit" | tar -x -C "$dir/src"
+    # The commit's files through an index of its own: the repository's index, HEAD and
+    # worktree list stay untouched.
+    GIT_INDEX_FILE=$(pwd)/$dir/index git read-tree "$commit"
+    GIT_INDEX_FILE=$(pwd)/$dir/index git --work-tree="$dir/src" checkout-index --all
     started=$(date +%s)
     (cd "$dir/src" && cargo build --quiet --locked --release -p redis-shim && scripts/build-wasm.sh)
     echo "build-previous: built $tag ($commit) in $(($(date +%s) - started)) s" >&2
-    touch "$dir/built"
+    echo "$commit" >"$dir/built"
 fi
 echo "SHIM=$(pwd)/$shim"
 echo "WASM=$(pwd)/$wasm"
