@@ -14,6 +14,12 @@ pub enum Event {
     ShadowRefusal(String),
     /// The shim gave no usable answer (logged as a warning).
     ShimFailed(ShimFailure),
+    /// The shim did not decide this rule's check: it does not know `field` (an older
+    /// shim); the rule's failure mode decided. Logged once per rule and field.
+    Unsupported {
+        rule: String,
+        field: String,
+    },
     /// The shim granted this Envoy a lease: what is left of it when it expires goes back.
     LeaseGranted(HeldLease),
     /// Tokens to give back to the shim with the next call: leased tokens left unspent,

@@ -19,7 +19,9 @@ use crate::settlement::PendingSettlement;
 use crate::shim_call::ShimFailure;
 use crate::stats::{Count, Stat};
 use crate::stream_end::{held, Held, SlotAsked};
-use crate::wire::{Check, CheckResult, Settlement};
+use crate::wire::{Check, CheckResult, Settlement, UnsupportedCheck};
+
+mod unsupported;
 
 /// A step's result and the events to record for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,13 +104,42 @@ impl RequestDecision {
         results: &[CheckResult],
         now_ms: u64,
     ) -> Transition<Outcome> {
-        match local.merge_answer(&self.planned, &mut self.pass, results, now_ms) {
+        self.on_answer_in_part(local, results, &[], now_ms)
+    }
+
+    /// The shim's results, one per check asked, where the checks in `unsupported` (by
+    /// position among those asked) were not decided: a newer filter's field the shim
+    /// does not know. Each of those is decided by its rule's failure mode, after the
+    /// others, as if the shim had failed for it alone; the others stand as the shim
+    /// decided and charged them (docs/OPERATIONS.md, "Upgrading").
+    pub fn on_answer_in_part<S: SlotStore>(
+        &mut self,
+        local: &LocalLayer<'_, S>,
+        results: &[CheckResult],
+        unsupported: &[UnsupportedCheck],
+        now_ms: u64,
+    ) -> Transition<Outcome> {
+        let set_aside = match self.set_aside(results.len(), unsupported) {
+            Ok(set_aside) => set_aside,
+            Err(reason) => return self.on_failure(local, ShimFailure::BadAnswer(reason), now_ms),
+        };
+        let decided: Vec<CheckResult> = results
+            .iter()
+            .enumerate()
+            .filter(|(position, _)| !unsupported.iter().any(|check| check.position == *position))
+            .map(|(_, result)| *result)
+            .collect();
+        match local.merge_answer(&self.planned, &mut self.pass, &decided, now_ms) {
             Ok(()) => {
                 let pass = &mut self.pass;
                 let mut events: Vec<Event> = pass.counts.drain(..).map(Event::Count).collect();
                 events.extend(pass.granted_leases.drain(..).map(Event::LeaseGranted));
                 events.extend(pass.returns.drain(..).map(Event::ReturnTokens));
-                let next = self.decide_known(local, now_ms, &mut events);
+                let next = if set_aside.is_empty() {
+                    self.decide_known(local, now_ms, &mut events)
+                } else {
+                    self.decide_set_aside(local, set_aside, now_ms, &mut events)
+                };
                 if let Outcome::Allow { .. } = next {
                     self.to_settle = self.charges_to_settle();
                 }
@@ -142,6 +173,18 @@ impl RequestDecision {
             Stat::ShimErrors
         };
         self.count_asked(failed, &mut events);
+        events.push(Event::ShimFailed(failure));
+        let next = self.fail_pending(local, now_ms, &mut events);
+        Transition { next, events }
+    }
+
+    /// Each check still waiting for the shim is decided by its rule's failure mode.
+    fn fail_pending<S: SlotStore>(
+        &mut self,
+        local: &LocalLayer<'_, S>,
+        now_ms: u64,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
         // A rule falling back to a local bucket is counted as allowed or denied instead.
         let mut failing_closed = Vec::new();
         for (item, state) in self.planned.iter().zip(&self.pass.checks) {
@@ -158,18 +201,14 @@ impl RequestDecision {
                 stat,
             }));
         }
-        events.push(Event::ShimFailed(failure));
-        let next = match local.fall_back(&self.planned, &mut self.pass, now_ms) {
+        match local.fall_back(&self.planned, &mut self.pass, now_ms) {
             FallbackVerdict::Closed => {
                 let names: Vec<&str> = failing_closed.iter().map(String::as_str).collect();
                 Outcome::Reply(unavailable(&names))
             }
             // Pending rules without a fallback decision pass unseen by the headers.
-            FallbackVerdict::Refused | FallbackVerdict::Allow => {
-                self.decide_known(local, now_ms, &mut events)
-            }
-        };
-        Transition { next, events }
+            FallbackVerdict::Refused | FallbackVerdict::Allow => self.decide_known(local, now_ms, events),
+        }
     }
 
     /// The charges of the admitted request that its response settles, taken once.
@@ -585,6 +624,79 @@ mod tests {
             })
             .collect();
         assert_eq!(statuses, [200, 429]);
+    }
+
+    #[test]
+    fn a_check_the_shim_did_not_support_falls_to_its_own_failure_mode_alone() {
+        let config = config(
+            &[
+                global("decided", ""),
+                global("open", r#", "failure_mode": "open""#),
+                global("closed", r#", "failure_mode": "closed""#),
+            ]
+            .join(","),
+        );
+        let store = MapStore::with_slots(&config);
+        let local = layer(&config, &store);
+        let not_supported = |position| UnsupportedCheck {
+            position,
+            field: "priority".into(),
+        };
+        let placeholder = CheckResult::default();
+
+        // The open rule's check set aside: admitted by the decided rule and the open one.
+        let (mut request, _) = start(&config, &store);
+        let answered = request.on_answer_in_part(
+            &local,
+            &[result(true), placeholder, result(true)],
+            &[not_supported(1)],
+            NOW_MS,
+        );
+        assert_eq!(status(&answered.next), 200);
+        let counts = counted(&answered.events);
+        assert!(counts.contains(&(1, Stat::ShimUnsupported)), "{counts:?}");
+        assert!(counts.contains(&(1, Stat::FailedOpen)), "{counts:?}");
+        assert!(counts.contains(&(0, Stat::Allowed)) && counts.contains(&(2, Stat::Allowed)));
+        assert!(!counts.iter().any(|(_, stat)| *stat == Stat::ShimErrors));
+        assert!(answered.events.contains(&Event::Unsupported {
+            rule: "open".into(),
+            field: "priority".into()
+        }));
+
+        // The closed rule's check set aside: refused as unavailable, named.
+        let (mut request, _) = start(&config, &store);
+        let answered = request.on_answer_in_part(
+            &local,
+            &[result(true), result(true), placeholder],
+            &[not_supported(2)],
+            NOW_MS,
+        );
+        assert_eq!(status(&answered.next), 503);
+        assert!(counted(&answered.events).contains(&(2, Stat::FailedClosed)));
+
+        // Refused by a decided rule: a 429, and the set-aside check decides nothing.
+        let (mut request, _) = start(&config, &store);
+        let answered = request.on_answer_in_part(
+            &local,
+            &[result(false), result(true), placeholder],
+            &[not_supported(2)],
+            NOW_MS,
+        );
+        assert_eq!(status(&answered.next), 429);
+        let counts = counted(&answered.events);
+        assert!(counts.contains(&(2, Stat::ShimUnsupported)), "{counts:?}");
+        assert!(!counts.contains(&(2, Stat::FailedClosed)), "{counts:?}");
+
+        // A position outside the checks asked is an answer that does not match (another
+        // client: the refusal above is in the deny cache).
+        let (mut request, _) = start_for("other", &config, &store);
+        let answered = request.on_answer_in_part(
+            &local,
+            &[result(true), result(true), result(true)],
+            &[not_supported(3)],
+            NOW_MS,
+        );
+        assert_eq!(status(&answered.next), 503);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use crate::wire::{
     BatchAnswer, BatchCheckRequest, BatchCheckResponse, Check, CheckRequest, CheckResult, Settlement,
-    TokenReturn,
+    TokenReturn, UnsupportedCheck,
 };
 use std::fmt;
 
@@ -68,7 +68,33 @@ pub fn batch_body(
 }
 
 /// One request's results from a batch answer, or why it has none.
-pub type RequestAnswer = Result<Vec<CheckResult>, ShimFailure>;
+pub type RequestAnswer = Result<Answered, ShimFailure>;
+
+/// A request the shim answered: one result per check asked, and the checks among them
+/// it did not decide (an older shim that does not know one of their fields).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answered {
+    pub results: Vec<CheckResult>,
+    pub unsupported: Vec<UnsupportedCheck>,
+}
+
+impl Answered {
+    /// Every check decided.
+    pub fn decided(results: Vec<CheckResult>) -> Answered {
+        Answered {
+            results,
+            unsupported: Vec::new(),
+        }
+    }
+}
+
+/// A batch answer as read: each request's, and the returns and settlements the shim did
+/// not apply (`settlements[I]: FIELD`, fields it does not know).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchRead {
+    pub each: Vec<RequestAnswer>,
+    pub not_applied: Vec<String>,
+}
 
 /// Reads the answer to a batch of `expected` requests from the call's `:status` (`None`
 /// when the call got no response) and body.
@@ -76,7 +102,7 @@ pub fn read_batch_answer(
     status: Option<&str>,
     body: &[u8],
     expected: usize,
-) -> Result<Vec<RequestAnswer>, ShimFailure> {
+) -> Result<BatchRead, ShimFailure> {
     let status = status.ok_or_else(|| ShimFailure::Unreachable("no response".into()))?;
     match status {
         "200" => {}
@@ -95,14 +121,21 @@ pub fn read_batch_answer(
             answer.responses.len()
         )));
     }
-    Ok(answer
+    let each = answer
         .responses
         .into_iter()
         .map(|answer| match answer {
-            BatchAnswer::Decided(response) => Ok(response.results),
+            BatchAnswer::Decided(response) => Ok(Answered {
+                results: response.results,
+                unsupported: response.unsupported,
+            }),
             BatchAnswer::Failed(reason) => Err(ShimFailure::Undecided(reason)),
         })
-        .collect())
+        .collect();
+    Ok(BatchRead {
+        each,
+        not_applied: answer.unsupported,
+    })
 }
 
 #[cfg(test)]
@@ -113,7 +146,11 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn body(answers: Vec<BatchAnswer>) -> Vec<u8> {
-        serde_json::to_vec(&BatchCheckResponse { responses: answers }).unwrap()
+        serde_json::to_vec(&BatchCheckResponse {
+            responses: answers,
+            unsupported: vec![],
+        })
+        .unwrap()
     }
 
     #[test]
@@ -125,6 +162,7 @@ mod tests {
                 limit: 5,
                 ..CheckResult::default()
             }],
+            unsupported: vec![],
         };
         let answers = read_batch_answer(
             Some("200"),
@@ -134,14 +172,41 @@ mod tests {
             ]),
             2,
         )
-        .unwrap();
+        .unwrap()
+        .each;
         assert_eq!(
             answers,
             [
-                Ok(decided.results),
+                Ok(Answered::decided(decided.results)),
                 Err(ShimFailure::Undecided("redis: timed out".into()))
             ]
         );
+    }
+
+    #[test]
+    fn what_an_older_shim_did_not_honour_is_read_per_check_and_per_adjustment() {
+        // As a 0.2 shim answers a newer filter: check 1 set aside, a settlement skipped.
+        let body = br#"{"responses":[{"decided":{"allowed":true,
+            "results":[{"allowed":true,"limit":5,"remaining":4,"reset_ms":1,"retry_after_ms":0,"granted":1},
+                       {"allowed":false,"limit":0,"remaining":0,"reset_ms":0,"retry_after_ms":0,"granted":0}],
+            "unsupported":[{"position":1,"field":"priority"}]}}],
+            "unsupported":["settlements[0]: epoch"]}"#;
+        let read = read_batch_answer(Some("200"), body, 1).unwrap();
+        let answered = read.each[0].clone().unwrap();
+        assert_eq!(answered.results.len(), 2);
+        assert_eq!(
+            answered.unsupported,
+            [UnsupportedCheck {
+                position: 1,
+                field: "priority".into()
+            }]
+        );
+        assert_eq!(read.not_applied, ["settlements[0]: epoch"]);
+        // A 0.1 shim's answer has neither list.
+        let old = br#"{"responses":[{"decided":{"allowed":true,"results":[]}}]}"#;
+        let read = read_batch_answer(Some("200"), old, 1).unwrap();
+        assert_eq!(read.each, [Ok(Answered::decided(vec![]))]);
+        assert!(read.not_applied.is_empty());
     }
 
     #[test]

@@ -24,10 +24,14 @@ pub enum Stat {
     /// A response whose body was not read: its worker's budget for reading bodies was
     /// spent (also counted as `cost_unreported`).
     CostOverBudget,
+    /// Checks the shim did not decide because it does not know one of their fields (an
+    /// older shim, during an upgrade): each rule's failure mode decided them (also
+    /// counted as `failed_open` or `failed_closed`, or by its fallback bucket).
+    ShimUnsupported,
 }
 
 impl Stat {
-    pub const ALL: [Stat; 15] = [
+    pub const ALL: [Stat; 16] = [
         Stat::Allowed,
         Stat::Denied,
         Stat::ShadowDenied,
@@ -43,6 +47,7 @@ impl Stat {
         Stat::CostSettled,
         Stat::CostUnreported,
         Stat::CostOverBudget,
+        Stat::ShimUnsupported,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +67,7 @@ impl Stat {
             Stat::CostSettled => "cost_settled",
             Stat::CostUnreported => "cost_unreported",
             Stat::CostOverBudget => "cost_over_budget",
+            Stat::ShimUnsupported => "shim_unsupported",
         }
     }
 

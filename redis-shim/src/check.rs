@@ -65,6 +65,7 @@ pub fn respond(
             Ok(CheckResponse {
                 allowed: decision.allowed,
                 results: decision.results,
+                unsupported: Vec::new(),
             })
         }
         Err(failure) => {

@@ -12,18 +12,33 @@ use crate::metrics::RequestOutcome;
 use crate::redis_store::SharedScript;
 use crate::scripts::RequestChecks;
 use crate::store::StoreError;
+use axum::http::HeaderValue;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
 use futures_util::future::join_all;
-use ratelimit_wire::{BatchAnswer, BatchCheckRequest, BatchCheckResponse, CheckRequest, CheckResponse};
+use ratelimit_wire::tolerant::{self, TolerantBatch};
+use ratelimit_wire::{
+    BatchAnswer, BatchCheckRequest, BatchCheckResponse, CheckRequest, CheckResponse, CheckResult,
+    UnsupportedCheck, WireVersion, VERSION_HEADER,
+};
+use std::collections::HashSet;
+use std::sync::Mutex;
 
 pub async fn check_batch(mut request: Admitted) -> Reply {
-    let batch = match serde_json::from_slice::<BatchCheckRequest>(&request.body)
-        .map_err(|e| format!("invalid batch: {e}"))
-        .and_then(|batch| batch.validate().map(|()| batch).map_err(|e| e.to_string()))
-    {
-        Ok(batch) => batch,
+    let parsed = read_batch(&request.body, request.stated_version.as_ref()).and_then(|parsed| {
+        parsed
+            .batch
+            .validate()
+            .map(|()| parsed)
+            .map_err(|e| e.to_string())
+    });
+    let TolerantBatch {
+        batch,
+        unsupported,
+        skipped,
+    } = match parsed {
+        Ok(parsed) => parsed,
         Err(message) => {
             return Reply::counted(
                 error(StatusCode::BAD_REQUEST, message),
@@ -51,9 +66,19 @@ pub async fn check_batch(mut request: Admitted) -> Reply {
     let admitted_count = request.admit_more(batch.requests.len()).min(batch.requests.len());
     let (admitted, refused) = batch.requests.split_at(admitted_count);
     let decided = decide_batch(&shim, admitted).await;
+    for field in unsupported
+        .iter()
+        .flatten()
+        .map(|check| check.field.as_str())
+        .chain(skipped.iter().map(String::as_str))
+    {
+        log_unsupported_once(field);
+    }
     let mut outcomes = Vec::with_capacity(batch.requests.len());
     let mut responses: Vec<BatchAnswer> = decided
         .into_iter()
+        .zip(admitted.iter().zip(unsupported))
+        .map(|(decision, (request, unsupported))| with_unsupported(decision, request, unsupported))
         .map(|decision| match decision {
             Ok(answer) => {
                 outcomes.push(answer_outcome(&answer));
@@ -69,7 +94,87 @@ pub async fn check_batch(mut request: Admitted) -> Reply {
         outcomes.push(RequestOutcome::Overloaded);
         responses.push(BatchAnswer::Failed(OVERLOADED.into()));
     }
-    Reply::counted(Json(BatchCheckResponse { responses }).into_response(), outcomes)
+    let answer = BatchCheckResponse {
+        responses,
+        unsupported: skipped,
+    };
+    Reply::counted(Json(answer).into_response(), outcomes)
+}
+
+/// The batch as the caller's stated version reads: without a version (a 0.1 filter, or
+/// any other client) every unknown field refuses the batch, as 0.1 did; from a filter
+/// within one minor version, checks, returns and settlements with fields this release
+/// does not know are set aside ([`tolerant`]); outside that, the batch is refused.
+fn read_batch(body: &[u8], stated: Option<&HeaderValue>) -> Result<TolerantBatch, String> {
+    let Some(stated) = stated else {
+        let batch: BatchCheckRequest =
+            serde_json::from_slice(body).map_err(|e| format!("invalid batch: {e}"))?;
+        let unsupported = vec![Vec::new(); batch.requests.len()];
+        return Ok(TolerantBatch {
+            batch,
+            unsupported,
+            skipped: Vec::new(),
+        });
+    };
+    let ours = WireVersion::ours();
+    let filter = stated
+        .to_str()
+        .ok()
+        .and_then(WireVersion::parse)
+        .ok_or_else(|| format!("{VERSION_HEADER}: not a version (MAJOR.MINOR.PATCH)"))?;
+    if !ours.serves(filter) {
+        return Err(format!(
+            "{VERSION_HEADER}: a filter of {filter} is not served by this shim of {ours} (it serves one minor version either side)"
+        ));
+    }
+    tolerant::parse_batch(body).map_err(|e| e.to_string())
+}
+
+/// A request's answer with the checks set aside put back in their places, as
+/// placeholders named in `unsupported`. A request whose every check was set aside was
+/// refused as empty; it is answered with placeholders alone, nothing charged.
+fn with_unsupported(
+    decision: Result<CheckResponse, Refusal>,
+    request: &CheckRequest,
+    unsupported: Vec<UnsupportedCheck>,
+) -> Result<CheckResponse, Refusal> {
+    if unsupported.is_empty() {
+        return decision;
+    }
+    let mut answer = match decision {
+        Ok(answer) => answer,
+        Err(_) if request.checks.is_empty() => CheckResponse {
+            allowed: true,
+            results: Vec::new(),
+            unsupported: Vec::new(),
+        },
+        Err(refusal) => return Err(refusal),
+    };
+    for check in &unsupported {
+        let at = check.position.min(answer.results.len());
+        answer.results.insert(at, CheckResult::default());
+    }
+    answer.unsupported = unsupported;
+    Ok(answer)
+}
+
+/// Most distinct unsupported fields logged; a caller sending endless new names cannot
+/// grow the shim's memory or its log.
+const LOGGED_FIELDS: usize = 64;
+
+/// Logs each unsupported field the first time a filter sends it.
+fn log_unsupported_once(field: &str) {
+    static LOGGED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let Ok(mut logged) = LOGGED.lock() else {
+        return;
+    };
+    let logged = logged.get_or_insert_with(HashSet::new);
+    if logged.len() < LOGGED_FIELDS && logged.insert(field.to_string()) {
+        tracing::warn!(
+            field,
+            "a filter sent a field this shim does not know: not honoured, answered as not supported (upgrade the shim)"
+        );
+    }
 }
 
 /// A batch's requests, each validated, decided all or nothing on its own, counted and
@@ -158,4 +263,94 @@ async fn decide_batch(shim: &Shim, requests: &[CheckRequest]) -> Vec<Result<Chec
             respond(&shim.metrics, request, keys, decision)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::RequestOutcome;
+
+    const NEWER_CHECK: &[u8] = br#"{"requests":[{"checks":[
+        {"key":"a","limit":5,"period_ms":1000},
+        {"key":"b","limit":5,"period_ms":1000,"priority":2}]}]}"#;
+
+    fn version(text: &str) -> HeaderValue {
+        HeaderValue::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn only_a_filter_stating_a_served_version_is_read_tolerantly() {
+        let unstated = read_batch(NEWER_CHECK, None).unwrap_err();
+        assert!(unstated.contains("unknown field `priority`"), "{unstated}");
+        let newer = read_batch(NEWER_CHECK, Some(&version("0.3.0"))).unwrap();
+        assert_eq!(newer.batch.requests[0].checks.len(), 1);
+        assert_eq!(newer.unsupported[0][0].field, "priority");
+        for (stated, named) in [
+            ("0.4.0", "not served"),
+            ("1.2.0", "not served"),
+            ("latest", "not a version"),
+        ] {
+            let err = read_batch(NEWER_CHECK, Some(&version(stated))).unwrap_err();
+            assert!(err.contains(named) && err.contains(VERSION_HEADER), "{err}");
+        }
+    }
+
+    #[test]
+    fn checks_set_aside_come_back_as_placeholders_in_their_places() {
+        let decided = CheckResult {
+            allowed: true,
+            limit: 5,
+            remaining: 4,
+            granted: 1,
+            ..CheckResult::default()
+        };
+        let request = CheckRequest { checks: vec![] };
+        let set_aside = |position| UnsupportedCheck {
+            position,
+            field: "priority".into(),
+        };
+        let answer = CheckResponse {
+            allowed: true,
+            results: vec![decided, decided],
+            unsupported: vec![],
+        };
+        let merged = with_unsupported(Ok(answer), &request, vec![set_aside(0), set_aside(2)])
+            .ok()
+            .unwrap();
+        assert_eq!(
+            merged.results,
+            [CheckResult::default(), decided, CheckResult::default(), decided]
+        );
+        assert!(merged.allowed);
+        assert_eq!(merged.unsupported.len(), 2);
+        // Every check set aside: nothing decided, nothing charged, still an answer.
+        let empty = Err(Refusal::new(
+            RequestOutcome::Invalid,
+            StatusCode::BAD_REQUEST,
+            "checks: empty",
+        ));
+        let alone = with_unsupported(empty, &request, vec![set_aside(0)])
+            .ok()
+            .unwrap();
+        assert_eq!(alone.results, [CheckResult::default()]);
+        // A request that failed for its own reasons still fails.
+        let request = CheckRequest {
+            checks: vec![ratelimit_wire::Check {
+                key: "a".into(),
+                algorithm: Default::default(),
+                limit: 5,
+                period_ms: 1_000,
+                cost: 1,
+                shadow: false,
+                lease: 0,
+                calendar: None,
+            }],
+        };
+        let failed = Err(Refusal::new(
+            RequestOutcome::RedisError,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "redis: down",
+        ));
+        assert!(with_unsupported(failed, &request, vec![set_aside(1)]).is_err());
+    }
 }

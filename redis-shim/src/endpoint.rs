@@ -23,7 +23,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ratelimit_wire::TOKEN_HEADER;
+use ratelimit_wire::{TOKEN_HEADER, VERSION, VERSION_HEADER};
 use serde_json::json;
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
@@ -103,6 +103,8 @@ pub struct Admitted {
     pub shim: Arc<Shim>,
     /// The whole body (empty for a GET endpoint).
     pub body: Bytes,
+    /// The version the caller stated in the `x-ratelimit-wire` header, if any.
+    pub stated_version: Option<HeaderValue>,
     /// Private, so a handler cannot drop it early: the request holds it until answered.
     permit: Option<OwnedSemaphorePermit>,
 }
@@ -212,7 +214,12 @@ where
             shim.metrics.request(outcome, elapsed);
         }
     }
-    reply.response
+    // Every answer says which release answered it, so that a filter can tell.
+    let mut response = reply.response;
+    response
+        .headers_mut()
+        .insert(VERSION_HEADER, HeaderValue::from_static(VERSION));
+    response
 }
 
 /// The request, once it has passed `endpoint`'s requirements; or why not.
@@ -236,6 +243,7 @@ async fn admit(
         return Ok(Admitted {
             shim: shim.clone(),
             body: Bytes::new(),
+            stated_version: None,
             permit: None,
         });
     };
@@ -277,6 +285,7 @@ async fn admit(
     Ok(Admitted {
         shim: shim.clone(),
         body,
+        stated_version: headers.get(VERSION_HEADER).cloned(),
         permit: Some(permit),
     })
 }

@@ -8,7 +8,7 @@ use super::queued::QueuedRequest;
 use crate::batch::Batch;
 use crate::config::ShimSettings;
 use crate::shim_call::{batch_body, RequestAnswer, ShimFailure};
-use crate::wire::{CHECK_BATCH_PATH, TOKEN_HEADER};
+use crate::wire::{CHECK_BATCH_PATH, TOKEN_HEADER, VERSION, VERSION_HEADER};
 use std::fmt::Display;
 
 /// A call ready to be made.
@@ -54,6 +54,9 @@ pub fn call_headers(shim: &ShimSettings) -> Vec<(&str, &str)> {
         (":path", CHECK_BATCH_PATH),
         (":authority", shim.authority.as_str()),
         ("content-type", "application/json"),
+        // What this filter may send and read (wire/src/version.rs); a shim of 0.1
+        // ignores it.
+        (VERSION_HEADER, VERSION),
     ];
     if let Some(token) = &shim.token {
         headers.push((TOKEN_HEADER, token.as_str()));
@@ -97,6 +100,7 @@ pub fn refusal_reason(cluster: &str, unknown_cluster: bool, error: &dyn Display)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shim_call::Answered;
     use crate::wire::{Algorithm, BatchCheckRequest, Check, CheckResult, TokenReturn};
     use std::time::Duration;
     #[cfg(target_arch = "wasm32")]
@@ -192,18 +196,19 @@ mod tests {
                 (":path", CHECK_BATCH_PATH),
                 (":authority", "shim.local"),
                 ("content-type", "application/json"),
+                (VERSION_HEADER, VERSION),
             ]
         );
         let shim = shim(Some("s3cret"));
         let with_token = call_headers(&shim);
         assert_eq!(with_token.last(), Some(&(TOKEN_HEADER, "s3cret")));
-        assert_eq!(with_token.len(), 5);
+        assert_eq!(with_token.len(), 6);
     }
 
     #[test]
     fn an_answered_call_gives_each_request_its_own_answer() {
         let outcome = Ok(vec![
-            Ok(vec![CheckResult::default()]),
+            Ok(Answered::decided(vec![CheckResult::default()])),
             Err(ShimFailure::Undecided("redis down".into())),
         ]);
         let answers = answers_per_request(outcome, 2);
@@ -211,7 +216,7 @@ mod tests {
         assert_eq!(
             answers.each,
             vec![
-                Ok(vec![CheckResult::default()]),
+                Ok(Answered::decided(vec![CheckResult::default()])),
                 Err(ShimFailure::Undecided("redis down".into())),
             ]
         );

@@ -28,10 +28,10 @@ impl<H> QueuedRequest<H> {
     /// The events that give back what `answer` granted this request, whose stream is
     /// gone (the client went away while it waited): none for a failure.
     pub fn released_when_gone(&self, answer: &RequestAnswer) -> Vec<Event> {
-        let Ok(results) = answer else {
+        let Ok(answered) = answer else {
             return Vec::new();
         };
-        granted_to_gone(&self.slots, results)
+        granted_to_gone(&self.slots, &answered.results)
             .into_iter()
             .flat_map(Held::into_events)
             .collect()
@@ -50,7 +50,7 @@ pub fn ended_acquisitions<H>(requests: &[QueuedRequest<H>]) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shim_call::ShimFailure;
+    use crate::shim_call::{Answered, ShimFailure};
     use crate::stats::{Count, Stat};
     use crate::wire::{Algorithm, CheckResult, TokenReturn};
     #[cfg(target_arch = "wasm32")]
@@ -99,7 +99,7 @@ mod tests {
             stamp: 42,
             ..CheckResult::default()
         };
-        let events = queued(&[]).released_when_gone(&Ok(vec![granted]));
+        let events = queued(&[]).released_when_gone(&Ok(Answered::decided(vec![granted])));
         assert_eq!(
             events,
             vec![
@@ -129,7 +129,9 @@ mod tests {
             limit: 2,
             ..CheckResult::default()
         };
-        assert!(request.released_when_gone(&Ok(vec![refused])).is_empty());
+        assert!(request
+            .released_when_gone(&Ok(Answered::decided(vec![refused])))
+            .is_empty());
     }
 
     #[test]

@@ -17,6 +17,7 @@ use crate::config::FilterConfig;
 use crate::events::Event;
 use crate::local::LocalLayer;
 use crate::settlement::BodyBudget;
+use crate::skew_log::{SkewLine, SkewLog};
 use crate::stats::Count;
 use dispatcher::Dispatcher;
 use hostcalls::{log, SharedData};
@@ -24,6 +25,7 @@ use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::LogLevel;
 use root::RateLimitRoot;
 use stats::Stats;
+use std::cell::RefCell;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -41,6 +43,8 @@ pub struct Worker {
     dispatcher: Dispatcher,
     /// What this worker's readers of response bodies may hold, together.
     body_budget: BodyBudget,
+    /// What it has said about version skew with the shims, said once.
+    skew_log: RefCell<SkewLog>,
 }
 
 impl Worker {
@@ -71,9 +75,25 @@ impl Worker {
                     &format!("shadow rule {rule} would refuse this request"),
                 ),
                 Event::ShimFailed(failure) => log(LogLevel::Warn, &format!("shim check failed: {failure}")),
+                Event::Unsupported { rule, field } => {
+                    let line = self.skew_log.borrow_mut().unsupported(&rule, &field);
+                    log_skew(line);
+                }
                 Event::LeaseGranted(lease) => self.dispatcher.hold_lease(lease),
                 Event::ReturnTokens(back) => self.dispatcher.give_back(back),
             }
         }
+    }
+}
+
+/// Logs what the worker's [`SkewLog`] says, when it says something.
+fn log_skew(line: Option<SkewLine>) {
+    if let Some(line) = line {
+        let level = if line.warning {
+            LogLevel::Warn
+        } else {
+            LogLevel::Info
+        };
+        log(level, &line.text);
     }
 }

@@ -87,7 +87,10 @@ impl RequestState {
     pub fn answered(&mut self, worker: &Worker, now: u64, answer: RequestAnswer) -> Action {
         let local = worker.local(false);
         let transition = match answer {
-            Ok(results) => self.decision.on_answer(&local, &results, now),
+            Ok(answered) => {
+                self.decision
+                    .on_answer_in_part(&local, &answered.results, &answered.unsupported, now)
+            }
             Err(failure) => self.decision.on_failure(&local, failure, now),
         };
         if self.decision.stream_ended() {

@@ -12,8 +12,10 @@ use super::Worker;
 use crate::config::FilterConfig;
 use crate::local::create_slots;
 use crate::settlement::BodyBudget;
+use crate::skew_log::SkewLog;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
+use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::rc::Rc;
@@ -55,6 +57,7 @@ impl RateLimitRoot {
             body_budget: BodyBudget::new(config.cost_body_budget_bytes),
             config,
             dispatcher,
+            skew_log: RefCell::new(SkewLog::default()),
         })
     }
 }

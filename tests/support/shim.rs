@@ -125,9 +125,14 @@ pub struct ShimProcess {
 
 impl ShimProcess {
     pub fn start(redis_url: &str, extra_args: &[&str]) -> ShimProcess {
+        ShimProcess::start_binary(&shim_path(), redis_url, extra_args)
+    }
+
+    /// As [`ShimProcess::start`], from another build of the shim (another release's).
+    pub fn start_binary(binary: &std::path::Path, redis_url: &str, extra_args: &[&str]) -> ShimProcess {
         let dir = scratch("shim");
         let mut process = Process::spawn(
-            Command::new(shim_path()).args(shim_args("127.0.0.1:0", redis_url, extra_args)),
+            Command::new(binary).args(shim_args("127.0.0.1:0", redis_url, extra_args)),
             dir.join("shim.log"),
         );
         let mut port = None;

@@ -30,6 +30,8 @@
 mod algorithm;
 pub mod calendar;
 mod rate;
+pub mod tolerant;
+pub mod version;
 
 pub use algorithm::{Algorithm, Refill, Traits, MAX_CONCURRENCY_LIMIT, MAX_LOG_LIMIT};
 pub use calendar::{CalendarUnit, CalendarWindow};
@@ -37,6 +39,7 @@ pub use rate::{Limit, OutOfBounds, Period, Rate, MAX_LIMIT, MAX_PERIOD_MS};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::fmt;
+pub use version::{WireVersion, VERSION, VERSION_HEADER};
 
 /// Path of the shim's check endpoint.
 pub const CHECK_PATH: &str = "/v1/check";
@@ -102,8 +105,23 @@ fn default_cost() -> u64 {
 /// `POST /v1/check` answer: the overall decision and one result per check, in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckResponse {
+    /// Over the checks decided: those in `unsupported` take no part.
     pub allowed: bool,
     pub results: Vec<CheckResult>,
+    /// The checks this shim could not honour (fields it does not know, from a newer
+    /// filter): not decided, nothing charged; their entries in `results` are
+    /// placeholders (not allowed, nothing granted). Only ever sent to a filter that
+    /// stated its version ([`VERSION_HEADER`]); a 0.1 filter never sends such a check.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unsupported: Vec<UnsupportedCheck>,
+}
+
+/// A check the shim did not decide: its position in the request and the fields it does
+/// not know (comma-separated).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnsupportedCheck {
+    pub position: usize,
+    pub field: String,
 }
 
 /// `POST /v1/check-batch` body: several requests' checks, each decided on its own (all or
@@ -179,6 +197,10 @@ fn is_zero_i64(value: &i64) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchCheckResponse {
     pub responses: Vec<BatchAnswer>,
+    /// Returns and settlements this shim did not apply, for fields it does not know
+    /// (`settlements[I]: FIELD`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unsupported: Vec<String>,
 }
 
 /// One request's answer within a batch: decided, or why it could not be (an invalid
@@ -414,9 +436,11 @@ mod tests {
                 BatchAnswer::Decided(CheckResponse {
                     allowed: true,
                     results: vec![],
+                    unsupported: vec![],
                 }),
                 BatchAnswer::Failed("redis: down".into()),
             ],
+            unsupported: vec![],
         };
         let json = serde_json::to_string(&answer).unwrap();
         assert_eq!(

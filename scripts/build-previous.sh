@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the previous release's shim and filter from git, for the version-skew test
+# (tests/version_skew.rs): its sources at target/previous/<commit>/src, built there with
+# their own build scripts and target directory, once per commit (a second run only
+# prints the paths). Prints two lines: SHIM=<path> and WASM=<path>.
+#
+# The release is the tag PREVIOUS_RELEASE (default below); a clone without the tag
+# falls back to the tag's commit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tag=${PREVIOUS_RELEASE:-v0.1.0}
+tag_commit=f9a62d90b611d99d1c8d48854bbaa0bd5931518e # v0.1.0
+if ! commit=$(git rev-parse --verify --quiet "$tag^{commit}"); then
+    [ "$tag" = v0.1.0 ] || { echo "build-previous: no tag $tag in this clone" >&2; exit 1; }
+    commit=$tag_commit
+    git cat-file -e "$commit^{commit}" 2>/dev/null || {
+        echo "build-previous: neither tag $tag nor commit $commit is in this clone (git fetch --tags)" >&2
+        exit 1
+    }
+fi
+dir=target/previous/$commit
+shim=$dir/src/target/release/redis-shim
+wasm=$dir/src/target/wasm32-wasip1/release/ratelimit_wasm.wasm
+if [ ! -f "$dir/built" ]; then
+    rm -rf "$dir/src"
+    mkdir -p "$dir/src"
+    # The commit's files through an index of its own: the repository's index, HEAD and
+    # worktree list stay untouched.
+    GIT_INDEX_FILE=$(pwd)/$dir/index git read-tree "$commit"
+    GIT_INDEX_FILE=$(pwd)/$dir/index git --work-tree="$dir/src" checkout-index --all
+    started=$(date +%s)
+    (cd "$dir/src" && cargo build --quiet --locked --release -p redis-shim && scripts/build-wasm.sh)
+    echo "build-previous: built $tag ($commit) in $(($(date +%s) - started)) s" >&2
+    echo "$commit" >"$dir/built"
+fi
+echo "SHIM=$(pwd)/$shim"
+echo "WASM=$(pwd)/$wasm"
