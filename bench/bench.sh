@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make bench`: installs the load generators when missing (wrk from Debian, oha from
 # crates.io), builds the pass-through wasm filter, runs the sweep (bench/run.py; extra
-# arguments are passed to it, e.g. --runs 3 --duration 5) and draws the latency plot
-# bench/latency.png with matplotlib, then the cost of distance (bench/distance.py); all run
-# from a venv in bench/.venv.
+# arguments are passed to it, e.g. --runs 3 --duration 5), draws the latency plot
+# bench/latency.png with matplotlib, then measures Redis's work per check against floor
+# scripts (bench/redis_work.py) and the merging of concurrent callers' checks
+# (bench/coalescing.py) and the cost of distance (bench/distance.py); all run from a venv in bench/.venv.
 # Expects `make build` to have run (the Makefile's bench target depends on it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,5 +31,9 @@ fi
 # run.py reads the shim's cluster from the shipped envoy.yaml (PyYAML).
 bench/.venv/bin/python bench/run.py "$@"
 bench/.venv/bin/python bench/plot.py
+# Redis's own time per check, each algorithm against its floor script; then Redis and
+# shim CPU per check with 1, 4 and 16 concurrent callers.
+bench/.venv/bin/python bench/redis_work.py
+bench/.venv/bin/python bench/coalescing.py
 # The same paths a network hop away (bench/delay_proxy.rs, built here with rustc).
 bench/.venv/bin/python bench/distance.py

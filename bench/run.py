@@ -559,9 +559,9 @@ def check_function(redis):
 def script_args(key):
     """FCALL arguments of one admitted token-bucket check, after check.lua's header."""
     header = (SCRIPTS / "check.lua").read_text()
-    if re.search(r"ARGV\[1\]\s+mode", header) and re.search(r"ARGV\[7i\+1\]\s+calendar", header):
-        # mode, then algorithm, limit, period (ms), cost, lease, shadow, calendar
-        return ["1", key, "charge", "token_bucket", str(ADMIT_ALL), "1000", "1", "0", "0", ""]
+    if re.search(r"ARGV\[1\]\s+mode", header) and re.search(r"ARGV\[1\+i\]\s+check i's parameters", header):
+        # mode, then one value: algorithm, limit, period (ms), cost, lease, shadow, calendar
+        return ["1", key, "charge", f"token_bucket {ADMIT_ALL} 1000 1 0 0 "]
     raise SystemExit("bench: check.lua's ARGV layout changed; update script_args() in bench/run.py")
 
 

@@ -531,6 +531,61 @@ fn a_batch_decides_each_request_on_its_own_in_order() {
     assert!(reply.body.contains("requests"), "{reply:?}");
 }
 
+/// Concurrent callers' requests may share one function call (the shim merges them); each
+/// is still decided all or nothing on its own and answered with its own rows.
+#[test]
+fn concurrent_callers_are_each_decided_on_their_own() {
+    let (redis, shim) = started();
+    let url = shim.url("/v1/check-batch");
+    let (callers, calls) = (16, 12);
+    // Each caller's own bucket admits 5, a bucket all share admits 50 (an hour's period:
+    // nothing refills during the test). 80 requests fit their own bucket, so exactly 50
+    // are admitted, and a request the shared bucket refuses charges its own nothing.
+    let body = |caller: usize| {
+        json!({ "requests": [{ "checks": [
+            check_of(&format!("own-{caller}"), "token_bucket", 5, 3_600_000),
+            check_of("shared", "token_bucket", 50, 3_600_000),
+        ] }] })
+        .to_string()
+    };
+    let warm = json!({ "requests": [{ "checks": [check_of("warm", "token_bucket", 1, 60_000)] }] });
+    assert_eq!(post(&url, &[], &warm.to_string()).status, 200);
+    let before = redis.scripts_run();
+    let per_caller: Vec<(usize, Value)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..callers)
+            .map(|caller| {
+                let (url, body) = (&url, body(caller));
+                scope.spawn(move || {
+                    let agent = agent();
+                    let mut admitted = 0;
+                    let mut last = Value::Null;
+                    for _ in 0..calls {
+                        let reply = post_with(&agent, url, &body);
+                        assert_eq!(reply.status, 200, "{reply:?}");
+                        let answer: Value = serde_json::from_str(&reply.body).unwrap();
+                        last = answer["responses"][0]["decided"].clone();
+                        if last["allowed"] == true {
+                            admitted += 1;
+                        }
+                    }
+                    (admitted, last)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|handle| handle.join().unwrap()).collect()
+    });
+    let admitted: usize = per_caller.iter().map(|(admitted, _)| admitted).sum();
+    assert_eq!(admitted, 50, "{per_caller:?}");
+    for (caller_admitted, last) in &per_caller {
+        assert!(*caller_admitted <= 5, "{per_caller:?}");
+        // The caller's own bucket holds exactly its admitted requests' charges.
+        assert_eq!(last["results"][0]["remaining"], 5 - caller_admitted, "{last}");
+    }
+    let scripts = redis.scripts_run() - before;
+    assert!(scripts <= (callers * calls) as u64, "{scripts} calls");
+    eprintln!("{} requests in {scripts} function calls", callers * calls);
+}
+
 #[test]
 fn a_batch_is_one_script_on_a_standalone_redis() {
     let (redis, shim) = started();

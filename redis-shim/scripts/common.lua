@@ -3,10 +3,12 @@
 -- driver, check.lua, check_batch.lua and refund.lua, as a function reading KEYS and ARGV).
 --
 -- Each algorithm file adds one table to `algorithms`, keyed by the wire name of the
--- algorithm, with the same seven functions; `c` is one check's parameters (limit,
--- period_ms, period in microseconds, cost, lease, and calendar: see calendar.lua, nil
--- for none) and `now` the Redis time in microseconds, read once per script by the driver
--- so every check of a request sees the same instant:
+-- algorithm, with the same seven functions; `c` is one check's parameters, parsed once
+-- per Redis by request.lua's params and shared by every check naming them (never
+-- written: limit, period_ms, period and interval = period / limit in microseconds,
+-- cost, lease, shadow, and calendar: see calendar.lua, nil for none), and `now` the
+-- Redis time in microseconds, read once per call by the driver so every check sees the
+-- same instant. `st` is one key's state, a small table of the algorithm's own:
 --   load(key, c, now)                 -> st     reads the key, writes nothing
 --   available(c, st, now)             -> whole tokens the key admits now (>= 0)
 --   charge(key, c, st, amount, now)   -> stamp  takes `amount` tokens, updates st
@@ -29,7 +31,10 @@ local EPSILON = 1e-6
 -- crate's MAX_DEBT_LIMITS; redis-shim/src/scripts.rs checks that they agree).
 local MAX_DEBT_LIMITS = 100
 
--- Numbers go to Redis as plain integers: Lua's default conversion may use an exponent.
+-- A whole Lua number below 1e17 (every time, count and duration here) goes to Redis as
+-- an argument of redis.call written as a plain integer (Redis writes it with %.17g, or
+-- as an integer); Lua's own conversion to a string, in a concatenation, may use an
+-- exponent. Strings that carry numbers are built with int(), which rounds.
 local function int(x)
   return string.format('%.0f', x)
 end
@@ -51,16 +56,4 @@ end
 local function window_start_ms(now, period_ms)
   local now_ms = math.floor(now / 1000)
   return now_ms - (now_ms % period_ms)
-end
-
--- One check's parameters from the three ARGV values starting at `base` (algorithm,
--- limit, period in ms); the driver reads what follows them.
-local function parse_check(base)
-  local c = {
-    algorithm = ARGV[base],
-    limit = tonumber(ARGV[base + 1]),
-    period_ms = tonumber(ARGV[base + 2]),
-  }
-  c.period = c.period_ms * 1000
-  return c
 end

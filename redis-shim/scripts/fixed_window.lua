@@ -38,8 +38,8 @@ end
 
 function fixed_window.charge(key, c, st, amount, now)
   st.used = st.used + amount
-  redis.call('HSET', key, 'w', int(st.start), 'n', int(st.used))
-  redis.call('PEXPIREAT', key, int(st.finish))
+  redis.call('HSET', key, 'w', st.start, 'n', st.used)
+  redis.call('PEXPIREAT', key, st.finish)
   return st.start
 end
 

@@ -21,33 +21,30 @@
 --                  negative: the amount to charge
 -- ARGV[6i-1]       stamp (from check.lua's reply)
 -- ARGV[6i]         calendar: '<unit>:<offset minutes>' (calendar.lua), '' for none
--- Reply: one {1, remaining, reset_ms, 0, 0, 0, 0} per key, its state after the refund,
--- shaped like check.lua's reply.
+-- Reply: 1, remaining, reset_ms, 0, 0, 0, 0 per key, its state after the refund, in
+-- check.lua's flat shape.
 
 local now = redis_now_us()
 local reply = {}
 for i = 1, #KEYS do
   local base = 6 * (i - 1) + 1
-  local c = parse_check(base)
-  local calendar_error
-  c.calendar, calendar_error = parse_calendar(ARGV[base + 5])
-  if calendar_error then return redis.error_reply(calendar_error) end
-  local algorithm = algorithms[c.algorithm]
-  if not algorithm then
-    return redis.error_reply('unknown algorithm ' .. tostring(c.algorithm))
-  end
+  local c = check_params(ARGV[base], ARGV[base + 1], ARGV[base + 2], 1, 0, '0', ARGV[base + 5])
+  if type(c) ~= 'table' then return redis.error_reply(c) end
+  local algorithm = c.algorithm
   local amount = tonumber(ARGV[base + 3])
   if amount > 0 then
     algorithm.refund(KEYS[i], c, amount, tonumber(ARGV[base + 4]), now)
   elseif amount < 0 then
     if not algorithm.debt_room then
-      return redis.error_reply(c.algorithm .. ' takes no settlement')
+      return redis.error_reply(c.name .. ' takes no settlement')
     end
     local st = algorithm.load(KEYS[i], c, now)
     local charge = math.min(-amount, algorithm.debt_room(c, st, now))
     if charge > 0 then algorithm.charge(KEYS[i], c, st, charge, now) end
   end
   local remaining, reset_ms = algorithm.report(c, algorithm.load(KEYS[i], c, now), now)
-  reply[i] = {1, remaining, reset_ms, 0, 0, 0, 0}
+  local n = 7 * (i - 1)
+  reply[n + 1], reply[n + 2], reply[n + 3] = 1, remaining, reset_ms
+  for j = n + 4, n + 7 do reply[j] = 0 end
 end
 return reply

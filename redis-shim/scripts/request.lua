@@ -1,54 +1,104 @@
--- request.lua: the checks of one request, all or nothing; what check.lua and
--- check_batch.lua run for each request (their contract is in check.lua).
+-- request.lua: the checks of one request, all or nothing, and their parameters; what check.lua and check_batch.lua run for each request (their contract is in
+-- check.lua).
 --
--- check_request(first_key, count, base, charging, now): the request's checks are
--- KEYS[first_key .. first_key + count - 1], their arguments the 7 ARGV values per check
--- starting at ARGV[base]. Returns the reply rows, or nil and an error message (before
--- anything is written).
+-- Each check's parameters (algorithm, limit, period, cost, lease, shadow, calendar)
+-- come as one ARGV value, parsed once and kept with what its algorithm derives from
+-- them: the checks of one rule for many clients share one value, so a check costs a
+-- table lookup, not a parse.
 
-local function check_request(first_key, count, base, charging, now)
-  local checks = {}
+-- One parameter set from its seven values, or an error message.
+local function check_params(name, limit, period_ms, cost, lease, shadow, calendar_arg)
+  local algorithm = algorithms[name]
+  if not algorithm then return 'unknown algorithm ' .. tostring(name) end
+  local calendar, calendar_error = parse_calendar(calendar_arg)
+  if calendar_error then return calendar_error end
+  limit, period_ms = tonumber(limit), tonumber(period_ms)
+  return {
+    algorithm = algorithm, name = name, limit = limit, period_ms = period_ms,
+    period = period_ms * 1000, interval = period_ms * 1000 / limit,
+    cost = tonumber(cost), lease = tonumber(lease), shadow = shadow == '1', calendar = calendar,
+  }
+end
+
+-- Parsed parameter sets by their ARGV value, kept across calls (they hold nothing but
+-- what the value says); emptied when it reaches PARAMS_CACHE_SIZE, so a shim that
+-- sends ever new limits cannot grow it without bound.
+local params_cache, params_cached = {}, 0
+local PARAMS_CACHE_SIZE = 1000
+
+-- One check's parameter set from its ARGV value, `<algorithm> <limit> <period_ms> <cost>
+-- <lease> <shadow> <calendar>` (the calendar empty for none), or an error message.
+local function params(arg)
+  local c = params_cache[arg]
+  if c then return c end
+  local name, limit, period_ms, cost, lease, shadow, calendar =
+    string.match(arg or '', '^(%S+) (%d+) (%d+) (%d+) (%d+) ([01]) (%S*)$')
+  if not name then return 'bad parameter set ' .. tostring(arg) end
+  c = check_params(name, limit, period_ms, cost, lease, shadow, calendar)
+  if type(c) == 'table' then
+    if params_cached >= PARAMS_CACHE_SIZE then params_cache, params_cached = {}, 0 end
+    params_cache[arg], params_cached = c, params_cached + 1
+  end
+  return c
+end
+
+-- Phase 2 of one check (see check.lua): charges it when `charge` is true, then appends
+-- its seven reply values to `reply` after index n.
+local function finish_check(key, c, st, available, charge, now, reply, n)
+  local admits = available >= c.cost
+  local granted, stamp, lease_ms, retry_after_ms = 0, 0, 0, 0
+  local algorithm = c.algorithm
+  if charge and admits then
+    granted = c.cost
+    if c.lease > 0 then
+      granted = math.max(c.cost, math.min(c.lease, math.floor(available / 2)))
+    end
+    stamp = algorithm.charge(key, c, st, granted, now)
+    if granted > 0 then lease_ms = algorithm.lease_window(c, st, now) end
+  end
+  local remaining, reset_ms = algorithm.report(c, st, now)
+  -- A refusal always names a wait of at least 1 ms, whatever the rounding.
+  if not admits then retry_after_ms = math.max(1, algorithm.retry_after(c, st, now)) end
+  reply[n + 1] = admits and 1 or 0
+  reply[n + 2] = remaining
+  reply[n + 3] = reset_ms
+  reply[n + 4] = retry_after_ms
+  reply[n + 5] = granted
+  reply[n + 6] = stamp
+  reply[n + 7] = lease_ms
+end
+
+-- check_request(first_key, count, base, charging, now, reply): the request's checks are
+-- KEYS[first_key .. first_key + count - 1], their parameter sets ARGV[base .. base +
+-- count - 1]. Appends seven values per check to `reply` and returns true, or returns
+-- nil and an error message before anything is written (then `reply` is untouched). A
+-- Redis command failing raises, possibly with this request's first rows appended:
+-- check_batch.lua removes them.
+local function check_request(first_key, count, base, charging, now, reply)
+  local n = #reply
+  if count == 1 then
+    -- Most requests hold one check: no phase tables.
+    local c = params(ARGV[base])
+    if type(c) ~= 'table' then return nil, c end
+    local key = KEYS[first_key]
+    local st = c.algorithm.load(key, c, now)
+    finish_check(key, c, st, c.algorithm.available(c, st, now), charging, now, reply, n)
+    return true
+  end
+  local cs, states, availables = {}, {}, {}
   local every_enforcing_check_admits = true
   for i = 1, count do
-    local key = KEYS[first_key + i - 1]
-    local b = base + 7 * (i - 1)
-    local c = parse_check(b)
-    c.cost = tonumber(ARGV[b + 3])
-    c.lease = tonumber(ARGV[b + 4])
-    c.shadow = ARGV[b + 5] == '1'
-    local calendar_error
-    c.calendar, calendar_error = parse_calendar(ARGV[b + 6])
-    if calendar_error then return nil, calendar_error end
-    local algorithm = algorithms[c.algorithm]
-    if not algorithm then
-      return nil, 'unknown algorithm ' .. tostring(c.algorithm)
-    end
-    local st = algorithm.load(key, c, now)
-    local available = algorithm.available(c, st, now)
-    local admits = available >= c.cost
-    if not admits and not c.shadow then every_enforcing_check_admits = false end
-    checks[i] = {key = key, c = c, algorithm = algorithm, st = st, available = available, admits = admits}
+    local c = params(ARGV[base + i - 1])
+    if type(c) ~= 'table' then return nil, c end
+    local st = c.algorithm.load(KEYS[first_key + i - 1], c, now)
+    local available = c.algorithm.available(c, st, now)
+    if not c.shadow and available < c.cost then every_enforcing_check_admits = false end
+    cs[i], states[i], availables[i] = c, st, available
   end
-
-  local reply = {}
+  local charge = charging and every_enforcing_check_admits
   for i = 1, count do
-    local check = checks[i]
-    local c, algorithm, st = check.c, check.algorithm, check.st
-    local granted, stamp = 0, 0
-    if charging and every_enforcing_check_admits and check.admits then
-      granted = c.cost
-      if c.lease > 0 then
-        granted = math.max(c.cost, math.min(c.lease, math.floor(check.available / 2)))
-      end
-      stamp = algorithm.charge(check.key, c, st, granted, now)
-    end
-    local remaining, reset_ms = algorithm.report(c, st, now)
-    local retry_after_ms = 0
-    -- A refusal always names a wait of at least 1 ms, whatever the rounding.
-    if not check.admits then retry_after_ms = math.max(1, algorithm.retry_after(c, st, now)) end
-    local lease_ms = 0
-    if granted > 0 then lease_ms = algorithm.lease_window(c, st, now) end
-    reply[i] = {check.admits and 1 or 0, remaining, reset_ms, retry_after_ms, granted, stamp, lease_ms}
+    finish_check(KEYS[first_key + i - 1], cs[i], states[i], availables[i], charge, now, reply, n)
+    n = n + 7
   end
-  return reply
+  return true
 end

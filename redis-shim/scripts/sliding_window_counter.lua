@@ -38,8 +38,8 @@ end
 
 function sliding_window_counter.charge(key, c, st, amount, now)
   st.current = st.current + amount
-  redis.call('HSET', key, 'w', int(st.start), 'c', int(st.current), 'p', int(st.previous))
-  redis.call('PEXPIREAT', key, int(st.start + 2 * c.period_ms))
+  redis.call('HSET', key, 'w', st.start, 'c', st.current, 'p', st.previous)
+  redis.call('PEXPIREAT', key, st.start + 2 * c.period_ms)
   return st.start
 end
 

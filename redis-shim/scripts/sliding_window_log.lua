@@ -13,9 +13,22 @@
 algorithms.sliding_window_log = {}
 local sliding_window_log = algorithms.sliding_window_log
 
+-- The last string made by each of the two functions below, by the number it was made
+-- of: the checks of one call share `now` and mostly their period, so one is formatted
+-- per call, not per check.
+local floor_of, floor_string, score_of, score_string
+
 -- The exclusive lower bound of the trailing window, as a score range bound.
 local function window_floor(c, now)
-  return '(' .. int(now - c.period)
+  local bound = now - c.period
+  if bound ~= floor_of then floor_of, floor_string = bound, '(' .. int(bound) end
+  return floor_string
+end
+
+-- `now` as a score and the first part of a member.
+local function score(now)
+  if now ~= score_of then score_of, score_string = now, int(now) end
+  return score_string
 end
 
 function sliding_window_log.load(key, c, now)
@@ -29,26 +42,29 @@ function sliding_window_log.available(c, st, now)
 end
 
 function sliding_window_log.charge(key, c, st, amount, now)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - c.period))
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - c.period)
   -- Members must be unique: a member already present (same microsecond, after a
   -- refund) would be re-scored instead of added, losing a token.
-  local seq = st.used
+  local seq, at = st.used, score(now)
   for _ = 1, amount do
     repeat
       seq = seq + 1
-    until redis.call('ZADD', key, 'NX', int(now), int(now) .. '-' .. seq) == 1
+    until redis.call('ZADD', key, 'NX', at, at .. '-' .. seq) == 1
   end
-  redis.call('PEXPIRE', key, int(c.period_ms))
+  redis.call('PEXPIRE', key, c.period_ms)
   st.used = st.used + amount
+  -- Redis time does not go back: the entries just added are the newest.
+  st.newest = now
   return now
 end
 
 function sliding_window_log.report(c, st, now)
   local reset_ms = 0
-  if st.used > 0 then
-    local newest = redis.call('ZRANGE', st.key, -1, -1, 'WITHSCORES')
-    reset_ms = ms_ceil(tonumber(newest[2]) + c.period - now)
+  local newest = st.newest
+  if not newest and st.used > 0 then
+    newest = tonumber(redis.call('ZRANGE', st.key, -1, -1, 'WITHSCORES')[2])
   end
+  if newest then reset_ms = ms_ceil(newest + c.period - now) end
   return sliding_window_log.available(c, st, now), reset_ms
 end
 

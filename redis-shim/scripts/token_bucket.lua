@@ -17,20 +17,20 @@ function token_bucket.load(key, c, now)
   local tat = tonumber(redis.call('GET', key)) or now
   -- A TAT in the past is a full bucket: idle time earns no credit beyond capacity.
   if tat < now then tat = now end
-  return {tat = tat, interval = c.period / c.limit}
+  return {tat = tat}
 end
 
 function token_bucket.available(c, st, now)
-  local tokens = math.floor((c.period - (st.tat - now)) / st.interval + EPSILON)
+  local tokens = math.floor((c.period - (st.tat - now)) / c.interval + EPSILON)
   if tokens < 0 then return 0 end
   return tokens
 end
 
 function token_bucket.charge(key, c, st, amount, now)
-  st.tat = math.ceil(st.tat + amount * st.interval)
+  st.tat = math.ceil(st.tat + amount * c.interval)
   -- At extreme rates (over ~4 tokens per microsecond) a charge is below the precision
   -- of the time itself and the TAT does not move; Redis refuses PX 0.
-  redis.call('SET', key, int(st.tat), 'PX', int(math.max(1, ms_ceil(st.tat - now))))
+  redis.call('SET', key, st.tat, 'PX', math.max(1, ms_ceil(st.tat - now)))
   return 0
 end
 
@@ -39,13 +39,13 @@ function token_bucket.report(c, st, now)
 end
 
 function token_bucket.retry_after(c, st, now)
-  return ms_ceil(st.tat + c.cost * st.interval - c.period - now)
+  return ms_ceil(st.tat + c.cost * c.interval - c.period - now)
 end
 
 function token_bucket.refund(key, c, amount, stamp, now)
   local tat = tonumber(redis.call('GET', key))
   if not tat then return end
-  tat = tat - amount * (c.period / c.limit)
+  tat = tat - amount * c.interval
   if tat <= now then
     redis.call('DEL', key)
   else
@@ -56,7 +56,7 @@ end
 -- In debt the TAT lies more than a period ahead; at most MAX_DEBT_LIMITS periods more.
 function token_bucket.debt_room(c, st, now)
   local latest = now + (1 + MAX_DEBT_LIMITS) * c.period
-  return math.max(0, math.floor((latest - st.tat) / st.interval + EPSILON))
+  return math.max(0, math.floor((latest - st.tat) / c.interval + EPSILON))
 end
 
 -- A bucket has no windows: a leased token spent later only moves its admission in

@@ -182,7 +182,8 @@ fn log_unsupported_once(field: &str) {
 /// a standalone Redis one for the whole batch; on a cluster one per slot for the requests
 /// whose keys all lie in it, and slot by slot for each request whose keys span slots.
 /// One script for ten requests costs Redis less than half the CPU per check of ten
-/// scripts (`bench/RESULTS.md`).
+/// scripts (`bench/RESULTS.md`); a script may also carry concurrent calls' requests
+/// bound for the same target ([`crate::coalesce`]).
 async fn decide_batch(shim: &Shim, requests: &[CheckRequest]) -> Vec<Result<CheckResponse, Refusal>> {
     let _in_flight: Vec<_> = requests.iter().map(|_| shim.metrics.in_flight()).collect();
     let keys: Vec<Vec<String>> = requests
@@ -212,7 +213,7 @@ async fn decide_batch(shim: &Shim, requests: &[CheckRequest]) -> Vec<Result<Chec
             None => spanning_slots.push(index),
         }
     }
-    let together = join_all(scripts.iter().map(|(_, members)| {
+    let together = join_all(scripts.iter().map(|&(script, ref members)| {
         let requests: Vec<RequestChecks> = members
             .iter()
             .map(|&i| RequestChecks {
@@ -221,7 +222,7 @@ async fn decide_batch(shim: &Shim, requests: &[CheckRequest]) -> Vec<Result<Chec
             })
             .collect();
         async move {
-            match shim.store.check_requests(&requests).await {
+            match shim.store.check_requests(script, &requests).await {
                 Ok(rows) => rows
                     .into_iter()
                     .zip(&requests)

@@ -45,6 +45,7 @@ mod body;
 mod check;
 mod check_batch;
 pub mod cli;
+mod coalesce;
 pub mod config;
 mod connection_cap;
 pub mod counters;

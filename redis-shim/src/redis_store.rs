@@ -7,6 +7,7 @@
 //! reconnect by themselves. Every operation is bounded by the Redis timeout, whatever
 //! the client library does.
 
+use crate::coalesce::{Answer, BatchRunner, Coalescer};
 use crate::metrics::Metrics;
 use crate::redis_connection::{open, Connection, RedisConfig};
 use crate::scripts::{
@@ -46,6 +47,8 @@ pub struct RedisStore {
     /// Times each function call.
     metrics: Arc<Metrics>,
     library: Library,
+    /// Merges concurrent batches per target.
+    coalescer: Coalescer<SharedScript>,
     // Held only to clone the connection or swap it, never across a Redis call.
     current: RwLock<Current>,
 }
@@ -58,6 +61,7 @@ impl RedisStore {
             config: config.clone(),
             metrics,
             library: Library::new(),
+            coalescer: Coalescer::default(),
             current: RwLock::new(Current {
                 connection: open(config)?,
                 generation: 0,
@@ -128,12 +132,15 @@ impl RedisStore {
     }
 
     /// Runs check_batch.lua: each of `requests` charged on its own, as check.lua would
-    /// charge it alone, in one script. Every request's keys share one
-    /// [`Self::shared_script`].
-    pub async fn check_requests(
-        &self,
-        requests: &[RequestChecks<'_>],
-    ) -> Result<Vec<RequestRows>, StoreError> {
+    /// charge it alone, in one call, which may carry other concurrent callers' requests
+    /// on the same target ([`crate::coalesce`]). Every request's keys share `script`
+    /// ([`Self::shared_script`]).
+    pub async fn check_requests(&self, script: SharedScript, requests: &[RequestChecks<'_>]) -> Answer {
+        self.coalescer.check_requests(self, script, requests).await
+    }
+
+    /// One check_batch.lua call over `requests`.
+    async fn call_check_batch(&self, requests: &[RequestChecks<'_>]) -> Result<Vec<RequestRows>, StoreError> {
         let expected: Vec<usize> = requests.iter().map(|request| request.checks.len()).collect();
         let reply = self.invoke(&check_batch_call(&self.library, requests)).await?;
         parse_batch_reply(reply, &expected).map_err(|e| StoreError::Malformed(e.0))
@@ -327,6 +334,12 @@ impl RedisStore {
         };
         self.replace_after_timeout(generation);
         Err(error)
+    }
+}
+
+impl BatchRunner for RedisStore {
+    async fn run_batch(&self, requests: &[RequestChecks<'_>]) -> Answer {
+        self.call_check_batch(requests).await
     }
 }
 

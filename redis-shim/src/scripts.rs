@@ -15,6 +15,11 @@
 //! text, so shims of two versions sharing a Redis each call their own; the shim loads it
 //! again when Redis answers that a function is missing (a restart without persistence,
 //! `FUNCTION FLUSH`, a new cluster node).
+//!
+//! What Redis spends around the commands is kept near a minimal script doing the same
+//! commands (`bench/RESULTS.md`, `bench/redis_work.py`): a check's parameters travel as
+//! one value, which the library parses once and keeps, and replies are flat arrays of
+//! integers.
 
 use ratelimit_wire::{Check, CheckResult};
 use redis::{Cmd, ToRedisArgs};
@@ -148,18 +153,20 @@ fn mode_arg(mode: Mode) -> &'static str {
     }
 }
 
-/// Adds one request's checks, whose Redis keys are `keys` (same order), to `call`.
-fn add_checks<'a>(call: &mut FunctionCall<'a>, keys: impl Iterator<Item = &'a str>, checks: &[&Check]) {
-    for (key, check) in keys.zip(checks) {
-        call.key(key)
-            .arg(check.algorithm.as_str())
-            .arg(check.limit)
-            .arg(check.period_ms)
-            .arg(check.cost)
-            .arg(check.lease)
-            .arg(u8::from(check.shadow))
-            .arg(calendar_arg(check));
-    }
+/// A check's parameters as request.lua takes them, one ARGV value: `<algorithm> <limit>
+/// <period_ms> <cost> <lease> <shadow> <calendar>`. The checks of one rule share the
+/// value, which Redis parses once and keeps.
+fn params_arg(check: &Check) -> String {
+    format!(
+        "{} {} {} {} {} {} {}",
+        check.algorithm.as_str(),
+        check.limit,
+        check.period_ms,
+        check.cost,
+        check.lease,
+        u8::from(check.shadow),
+        calendar_arg(check)
+    )
 }
 
 /// A check.lua call over `checks`, whose Redis keys are `keys` (same order).
@@ -171,7 +178,9 @@ pub fn check_call<'a>(
 ) -> FunctionCall<'a> {
     let mut call = FunctionCall::new(&library.check);
     call.arg(mode_arg(mode));
-    add_checks(&mut call, keys.iter().copied(), checks);
+    for (key, check) in keys.iter().zip(checks) {
+        call.key(key).arg(params_arg(check));
+    }
     call
 }
 
@@ -187,8 +196,9 @@ pub fn check_batch_call<'a>(library: &'a Library, requests: &[RequestChecks<'a>]
     call.arg(mode_arg(Mode::Charge));
     for request in requests {
         call.arg(request.checks.len());
-        let checks: Vec<&Check> = request.checks.iter().collect();
-        add_checks(&mut call, request.keys.iter().map(String::as_str), &checks);
+        for (key, check) in request.keys.iter().zip(request.checks) {
+            call.key(key).arg(params_arg(check));
+        }
     }
     call
 }
@@ -196,31 +206,38 @@ pub fn check_batch_call<'a>(library: &'a Library, requests: &[RequestChecks<'a>]
 /// One request's part of check_batch.lua's reply: its rows, or the error that stopped it.
 pub type RequestRows = Result<Vec<Row>, String>;
 
-/// Reads check_batch.lua's reply: for each request, rows for `expected[i]` checks, or an
-/// error message.
+/// Reads check_batch.lua's flat reply: for each request, seven values for each of its
+/// `expected[i]` checks, or one error message.
 pub fn parse_batch_reply(
     reply: Vec<redis::Value>,
     expected: &[usize],
 ) -> Result<Vec<RequestRows>, MalformedReply> {
-    if reply.len() != expected.len() {
-        return Err(MalformedReply(format!(
-            "{} answers for {} requests",
-            reply.len(),
-            expected.len()
-        )));
-    }
-    reply
-        .into_iter()
-        .zip(expected)
-        .map(|(value, &checks)| match value {
-            redis::Value::BulkString(message) => Ok(Err(String::from_utf8_lossy(&message).into_owned())),
-            value => {
-                let rows: Vec<Vec<i64>> =
-                    redis::from_redis_value(value).map_err(|e| MalformedReply(e.to_string()))?;
-                parse_rows(rows, checks).map(Ok)
+    let mut values = reply.into_iter();
+    let mut requests = Vec::with_capacity(expected.len());
+    for &checks in expected {
+        match values.next() {
+            None => {
+                return Err(MalformedReply(format!(
+                    "no answer for request {}",
+                    requests.len()
+                )))
             }
-        })
-        .collect()
+            Some(redis::Value::BulkString(message)) => {
+                requests.push(Err(String::from_utf8_lossy(&message).into_owned()))
+            }
+            Some(first) => {
+                let row: Vec<i64> = std::iter::once(first)
+                    .chain(values.by_ref().take(ROW_LEN * checks - 1))
+                    .map(|value| redis::from_redis_value(value).map_err(|e| MalformedReply(e.to_string())))
+                    .collect::<Result<_, _>>()?;
+                requests.push(Ok(parse_rows(row, checks)?));
+            }
+        }
+    }
+    match values.len() {
+        0 => Ok(requests),
+        extra => Err(MalformedReply(format!("{extra} values past the last request"))),
+    }
 }
 
 /// A charge check.lua made, to be given back (or, settled at a higher real cost,
@@ -286,19 +303,24 @@ impl Row {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MalformedReply(pub String);
 
-/// Turns a script's `{admits, remaining, reset_ms, retry_after_ms, granted, stamp,
-/// lease_ms}` rows into [`Row`]s, one per check expected.
-pub fn parse_rows(rows: Vec<Vec<i64>>, expected: usize) -> Result<Vec<Row>, MalformedReply> {
-    if rows.len() != expected {
+/// The values of one check in a reply.
+const ROW_LEN: usize = 7;
+
+/// Turns a script's flat reply, `admits, remaining, reset_ms, retry_after_ms, granted,
+/// stamp, lease_ms` per check, into [`Row`]s, one per check expected.
+pub fn parse_rows(values: Vec<i64>, expected: usize) -> Result<Vec<Row>, MalformedReply> {
+    if values.len() != ROW_LEN * expected {
         return Err(MalformedReply(format!(
-            "{} rows for {expected} checks",
-            rows.len()
+            "{} values for {expected} checks, expected {}",
+            values.len(),
+            ROW_LEN * expected
         )));
     }
-    rows.into_iter()
+    values
+        .chunks_exact(ROW_LEN)
         .map(|row| {
-            let [admits, remaining, reset_ms, retry_after_ms, granted, stamp, lease_ms] = row[..] else {
-                return Err(MalformedReply(format!("row of {} values, expected 7", row.len())));
+            let &[admits, remaining, reset_ms, retry_after_ms, granted, stamp, lease_ms] = row else {
+                unreachable!("chunks of ROW_LEN")
             };
             let non_negative = |value: i64| {
                 u64::try_from(value).map_err(|_| MalformedReply(format!("negative value {value}")))
@@ -336,11 +358,7 @@ mod tests {
 
     #[test]
     fn parses_rows_in_order() {
-        let rows = parse_rows(
-            vec![vec![1, 4, 200, 0, 1, 17, 900], vec![0, 9, 900, 150, 0, 0, 0]],
-            2,
-        )
-        .unwrap();
+        let rows = parse_rows(vec![1, 4, 200, 0, 1, 17, 900, 0, 9, 900, 150, 0, 0, 0], 2).unwrap();
         assert_eq!(
             rows,
             vec![
@@ -379,19 +397,21 @@ mod tests {
     #[test]
     fn rejects_malformed_replies() {
         assert!(parse_rows(vec![], 1).is_err());
-        assert!(parse_rows(vec![vec![1, 2, 3, 0, 0, 0]], 1).is_err());
-        assert!(parse_rows(vec![vec![1, -2, 3, 0, 0, 0, 0]], 1).is_err());
+        assert!(parse_rows(vec![1, 2, 3, 0, 0, 0], 1).is_err());
+        assert!(parse_rows(vec![1, -2, 3, 0, 0, 0, 0], 1).is_err());
+        assert!(parse_rows(vec![1, 2, 3, 0, 0, 0, 0, 1], 1).is_err());
     }
 
     #[test]
     fn parses_a_batch_reply_request_by_request() {
         use redis::Value;
-        let row = |admits: i64| Value::Array([admits, 4, 200, 0, admits, 17, 0].map(Value::Int).to_vec());
-        let reply = vec![
-            Value::Array(vec![row(1), row(0)]),
-            Value::BulkString(b"unknown algorithm x".to_vec()),
-            Value::Array(vec![row(1)]),
-        ];
+        let row = |admits: i64| [admits, 4, 200, 0, admits, 17, 0].map(Value::Int);
+        let reply: Vec<Value> = row(1)
+            .into_iter()
+            .chain(row(0))
+            .chain([Value::BulkString(b"unknown algorithm x".to_vec())])
+            .chain(row(1))
+            .collect();
         let requests = parse_batch_reply(reply.clone(), &[2, 1, 1]).unwrap();
         assert_eq!(requests.len(), 3);
         let first = requests[0].as_ref().unwrap();
@@ -402,7 +422,71 @@ mod tests {
             parse_batch_reply(reply.clone(), &[2, 1]).is_err(),
             "one answer per request"
         );
-        assert!(parse_batch_reply(reply, &[1, 1, 1]).is_err(), "one row per check");
+        assert!(
+            parse_batch_reply(reply.clone(), &[2, 1, 2]).is_err(),
+            "seven values per check"
+        );
+        assert!(
+            parse_batch_reply(reply, &[1, 1, 1]).is_err(),
+            "an error message is not a row"
+        );
+    }
+
+    fn args_of(call: &FunctionCall) -> Vec<String> {
+        call.command()
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => String::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_sends_per_request_its_count_then_each_checks_parameters() {
+        let library = Library::new();
+        let shadow = Check {
+            shadow: true,
+            ..check(5)
+        };
+        let calendar = Check {
+            algorithm: Algorithm::FixedWindow,
+            calendar: Some(ratelimit_wire::CalendarWindow {
+                unit: ratelimit_wire::CalendarUnit::Month,
+                offset_minutes: -210,
+            }),
+            ..check(7)
+        };
+        let (one, two) = ([check(5)], [calendar, shadow]);
+        let (keys_one, keys_two) = (["a".to_string()], ["b".to_string(), "c".to_string()]);
+        let call = check_batch_call(
+            &library,
+            &[
+                RequestChecks {
+                    keys: &keys_one,
+                    checks: &one,
+                },
+                RequestChecks {
+                    keys: &keys_two,
+                    checks: &two,
+                },
+            ],
+        );
+        let expected = [
+            "FCALL",
+            &library.check_batch,
+            "3",
+            "a",
+            "b",
+            "c",
+            "charge",
+            "1",
+            "token_bucket 5 1000 1 0 0 ",
+            "2",
+            "fixed_window 7 1000 1 0 0 month:-210",
+            "token_bucket 5 1000 1 0 1 ",
+        ];
+        assert_eq!(args_of(&call), expected);
     }
 
     #[test]
@@ -424,14 +508,7 @@ mod tests {
         }
         // Keys first, then arguments, whatever order they were added in.
         let check = check(5);
-        let command = check_call(&library, Mode::Peek, &["k1"], &[&check]).command();
-        let args: Vec<String> = command
-            .args_iter()
-            .map(|arg| match arg {
-                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-                _ => String::new(),
-            })
-            .collect();
+        let args = args_of(&check_call(&library, Mode::Peek, &["k1"], &[&check]));
         assert_eq!(
             args,
             [
@@ -440,13 +517,7 @@ mod tests {
                 "1",
                 "k1",
                 "peek",
-                "token_bucket",
-                "5",
-                "1000",
-                "1",
-                "0",
-                "0",
-                ""
+                "token_bucket 5 1000 1 0 0 "
             ]
         );
     }
