@@ -4,11 +4,11 @@
 //! own, as check_batch.lua decides every request of a call.
 //!
 //! No call waits for company: while fewer than [`MAX_IN_FLIGHT`] calls are running on a
-//! target (none: the bound is one), a caller's requests go at once, alone. Beyond that they queue; when a running
-//! call ends, its caller hands the queue (at most [`MAX_MERGED_REQUESTS`] requests) to
-//! the first caller waiting, which runs it as one call and answers the others. The wait
-//! is thus at most a call in flight; under load the calls grow and their number, and
-//! Redis's fixed cost per call, shrink.
+//! target (the bound is one, so: while none is), a caller's requests go at once, alone.
+//! Beyond that they queue; when a running call ends, its caller hands the queue (at most
+//! [`MAX_MERGED_REQUESTS`] requests) to the first caller waiting, which runs it as one
+//! call and answers the others. The wait is thus at most a call in flight; under load
+//! the calls grow and their number, and Redis's fixed cost per call, shrink.
 //!
 //! A caller whose future is dropped (its client went away) while it leads hands the
 //! lead on; the callers it was carrying get an error, never a hang.
@@ -22,8 +22,9 @@ use tokio::sync::oneshot;
 
 /// Calls running at once on one target. One merges the most (bench/RESULTS.md: with 4
 /// callers 1.4 requests per call against 1.16 with two in flight, and 1.6x the checks
-/// per second); a target then carries at most MAX_MERGED_REQUESTS per round trip, 64,000
-/// requests per second at 1 ms, above what one shim process serves.
+/// per second); a target then carries at most MAX_MERGED_REQUESTS per round trip to
+/// Redis from one shim: 64,000 requests per second at a 1 ms round trip, 32,000 at 2 ms
+/// (1 ms each way), about what one shim process serves (docs/LOCAL.md, "Distance").
 pub const MAX_IN_FLIGHT: usize = 1;
 /// Requests in one merged call, bounding Redis's time in it (about 10 µs each).
 pub const MAX_MERGED_REQUESTS: usize = 64;
