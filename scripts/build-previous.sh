@@ -22,7 +22,8 @@ dir=target/previous/$commit
 shim=$dir/src/target/release/redis-shim
 wasm=$dir/src/target/wasm32-wasip1/release/ratelimit_wasm.wasm
 if [ ! -f "$dir/built" ]; then
-    rm -rf "$dir/src"
+    # What an interrupted build left, if any.
+    rm -rf "$dir/src" "$dir/index" "$dir/index.lock"
     mkdir -p "$dir/src"
     # The commit's files through an index of its own: the repository's index, HEAD and
     # worktree list stay untouched.

@@ -14,11 +14,18 @@ use ratelimit_wire::{WireVersion, VERSION};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Duration;
 use support::*;
 
-/// The previous release's shim binary and `.wasm`, built if not yet.
+/// The previous release's shim binary and `.wasm`, built if not yet: by the first test
+/// that asks, the others waiting (two builds at once would share one index).
 fn previous_release() -> (PathBuf, PathBuf) {
+    static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    BUILT.get_or_init(build_previous_release).clone()
+}
+
+fn build_previous_release() -> (PathBuf, PathBuf) {
     let output = Command::new(repo_root().join("scripts/build-previous.sh"))
         .output()
         .expect("scripts/build-previous.sh runs");
