@@ -438,9 +438,9 @@ def wrk(url, seconds, connections=32, headers=(), script=None):
     }
 
 
-def oha_fixed_rate(url, seconds, rate, headers=()):
+def oha_fixed_rate(url, seconds, rate, headers=(), connections=16):
     args = ["taskset", "-c", LOAD_CORE, "oha", "--no-tui", "--output-format", "json", "-z", f"{seconds}s",
-            "-q", str(rate), "-c", "16", "--latency-correction"]
+            "-q", str(rate), "-c", str(connections), "--latency-correction"]
     for header in headers:
         args += ["-H", header]
     text = subprocess.run(args + [url], capture_output=True, text=True, timeout=seconds + 30).stdout

@@ -3,12 +3,18 @@
 //! function call reaches one slot). Each request is still decided all or nothing on its
 //! own, as check_batch.lua decides every request of a call.
 //!
-//! No call waits for company: while fewer than [`MAX_IN_FLIGHT`] calls are running on a
-//! target (the bound is one, so: while none is), a caller's requests go at once, alone.
-//! Beyond that they queue; when a running call ends, its caller hands the queue (at most
-//! [`MAX_MERGED_REQUESTS`] requests) to the first caller waiting, which runs it as one
-//! call and answers the others. The wait is thus at most a call in flight; under load
+//! No call waits for company: while fewer calls than the target's bound are running on
+//! it, a caller's requests go at once, alone. Beyond that they queue; when a running call
+//! ends, its caller hands the queue (at most [`MAX_MERGED_REQUESTS`] requests) to the
+//! first caller waiting, which runs it as one call and answers the others. Under load
 //! the calls grow and their number, and Redis's fixed cost per call, shrink.
+//!
+//! The bound follows how long calls take ([`in_flight_bound`]): one while a call is
+//! shorter than [`MERGE_WINDOW_US`] (Redis on the same host: merging the most), more as
+//! Redis moves away, so that with every allowed call running one still ends about every
+//! window. A queued request then waits about a window, not a round trip to a distant
+//! Redis (bench/distance.py: with one call a target and 1 ms each way, a check took two
+//! round trips).
 //!
 //! A caller whose future is dropped (its client went away) while it leads hands the
 //! lead on; the callers it was carrying get an error, never a hang.
@@ -17,15 +23,24 @@ use crate::scripts::{RequestChecks, RequestRows};
 use crate::store::StoreError;
 use ratelimit_wire::Check;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 use tokio::sync::oneshot;
 
-/// Calls running at once on one target. One merges the most (bench/RESULTS.md: with 4
-/// callers 1.4 requests per call against 1.16 with two in flight, and 1.6x the checks
-/// per second); a target then carries at most MAX_MERGED_REQUESTS per round trip to
-/// Redis from one shim: 64,000 requests per second at a 1 ms round trip, 32,000 at 2 ms
-/// (1 ms each way), about what one shim process serves (docs/LOCAL.md, "Distance").
-pub const MAX_IN_FLIGHT: usize = 1;
+/// How long a queued request should wait at most, about: a call's duration over the
+/// calls allowed on its target. On one host a call takes less, and one call a target
+/// merges the most (bench/RESULTS.md: with 4 callers 1.4 requests per call against 1.16
+/// with two in flight, and 1.6x the checks per second).
+pub const MERGE_WINDOW_US: u64 = 500;
+/// Most calls running at once on one target, however far Redis is: 16 calls of
+/// [`MAX_MERGED_REQUESTS`] per round trip.
+pub const MAX_IN_FLIGHT: usize = 16;
+
+/// Calls allowed at once on a target whose calls take `call_us` (a moving average).
+pub fn in_flight_bound(call_us: u64) -> usize {
+    (call_us.div_ceil(MERGE_WINDOW_US) as usize).clamp(1, MAX_IN_FLIGHT)
+}
 /// Requests in one merged call, bounding Redis's time in it (about 10 µs each).
 pub const MAX_MERGED_REQUESTS: usize = 64;
 
@@ -140,12 +155,16 @@ fn hand_off<K: Target>(targets: &Targets<K>, target_key: K) {
 /// Merges the requests of concurrent calls per target (see the module's comment).
 pub struct Coalescer<K: Target> {
     targets: Targets<K>,
+    /// A moving average of how long calls take, µs (every target's: one Redis or one
+    /// cluster's nodes, at one distance).
+    call_us: Arc<AtomicU64>,
 }
 
 impl<K: Target> Default for Coalescer<K> {
     fn default() -> Self {
         Coalescer {
             targets: Arc::new(Mutex::new(Vec::new())),
+            call_us: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -175,7 +194,7 @@ impl<K: Target> Coalescer<K> {
                 }
             };
             let target = &mut all[index].1;
-            if target.in_flight < MAX_IN_FLIGHT {
+            if target.in_flight < in_flight_bound(self.call_us.load(Ordering::Relaxed)) {
                 target.in_flight += 1;
                 None
             } else {
@@ -208,7 +227,7 @@ impl<K: Target> Coalescer<K> {
                 }
             },
         };
-        lead(leadership, requests, runner).await
+        lead(leadership, requests, runner, &self.call_us).await
     }
 }
 
@@ -218,6 +237,7 @@ async fn lead<K: Target>(
     mut leadership: Leadership<K>,
     own: &[RequestChecks<'_>],
     runner: &impl BatchRunner,
+    call_us: &AtomicU64,
 ) -> Answer {
     let carried = std::mem::take(&mut leadership.carried);
     let mut all: Vec<RequestChecks<'_>> = own
@@ -233,7 +253,12 @@ async fn lead<K: Target>(
             checks: &r.checks,
         }));
     }
+    let started = Instant::now();
     let answer = runner.run_batch(&all).await;
+    let took = started.elapsed().as_micros().min(u64::MAX as u128) as u64;
+    // Weight 1/8: a few slow calls move the bound, one does not.
+    let average = call_us.load(Ordering::Relaxed);
+    call_us.store(average - average / 8 + took / 8, Ordering::Relaxed);
     drop(leadership);
     match answer {
         Ok(mut rows) => {
@@ -323,25 +348,45 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn callers_beyond_the_calls_in_flight_share_one_call_and_each_gets_its_own_rows() {
-        let (coalescer, runner) = (Coalescer::default(), runner());
+    /// Six callers against `bound` calls allowed: `bound` go alone, the rest share one.
+    async fn six_callers(coalescer: Coalescer<u8>, bound: usize) {
+        let runner = runner();
         let callers = futures_util::future::join_all((1..=6).map(|limit| call(&coalescer, &runner, limit)));
         let release = async {
-            // MAX_IN_FLIGHT calls run, the other callers queue behind them.
-            while runner.running.load(Ordering::SeqCst) < MAX_IN_FLIGHT {
+            while runner.running.load(Ordering::SeqCst) < bound {
                 tokio::task::yield_now().await;
             }
-            runner.permits.add_permits(MAX_IN_FLIGHT + 1);
+            runner.permits.add_permits(bound + 1);
         };
         let (answers, ()) = tokio::join!(callers, release);
         assert_eq!(answers, vec![1, 2, 3, 4, 5, 6]);
         let mut calls = runner.calls.lock().unwrap().clone();
         calls.sort();
-        let mut expected = vec![1; MAX_IN_FLIGHT];
-        expected.push(6 - MAX_IN_FLIGHT);
+        let mut expected = vec![1; bound];
+        expected.push(6 - bound);
         assert_eq!(calls, expected, "the queued callers in one call");
         assert!(lock(&coalescer.targets).is_empty(), "an idle target is forgotten");
+    }
+
+    #[tokio::test]
+    async fn callers_beyond_the_calls_in_flight_share_one_call_and_each_gets_its_own_rows() {
+        six_callers(Coalescer::default(), 1).await;
+    }
+
+    #[tokio::test]
+    async fn calls_to_a_distant_redis_run_side_by_side() {
+        let coalescer = Coalescer::default();
+        coalescer.call_us.store(3 * MERGE_WINDOW_US, Ordering::Relaxed);
+        six_callers(coalescer, 3).await;
+    }
+
+    #[test]
+    fn the_bound_grows_with_the_calls_duration_and_stops() {
+        assert_eq!(in_flight_bound(0), 1);
+        assert_eq!(in_flight_bound(MERGE_WINDOW_US), 1);
+        assert_eq!(in_flight_bound(MERGE_WINDOW_US + 1), 2);
+        assert_eq!(in_flight_bound(4 * MERGE_WINDOW_US), 4);
+        assert_eq!(in_flight_bound(u64::MAX), MAX_IN_FLIGHT);
     }
 
     #[tokio::test]
