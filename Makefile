@@ -55,6 +55,12 @@ demo: build
 	@scripts/demo.sh || { scripts/stack.sh down; exit 1; }
 	@scripts/stack.sh down
 
+# A release folder, dist/ratelimit-wasm-VERSION/ (scripts/dist.sh; REGISTRY names the
+# registry the WasmPlugin pulls from).
+.PHONY: dist
+dist: build
+	@scripts/dist.sh
+
 clean: down
 	rm -rf target .run
 
