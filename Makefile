@@ -12,7 +12,13 @@ setup:
 setup-demo:
 	@scripts/setup.sh demo
 
-build: setup-demo wasm shim
+# The filter and the shim side by side: each ends in a long single-threaded LTO step, which
+# the other's compiling overlaps (their cargo target directories differ on the Debian
+# route; on rustup's, cargo's lock takes them one after the other).
+build: setup-demo
+	@scripts/build-wasm.sh & wasm=$$!; \
+	cargo build --quiet --release -p redis-shim; shim=$$?; \
+	wait $$wasm && exit $$shim
 
 wasm:
 	@scripts/build-wasm.sh

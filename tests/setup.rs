@@ -996,6 +996,16 @@ fn makefile_recipes(text: &str, roots: &[String]) -> String {
         stack.extend(dependencies.iter().cloned());
         for line in recipe {
             let line = line.trim_start_matches(['@', '-', '+', ' ']);
+            // A recursive make runs the targets it names: follow them like dependencies.
+            if let Some(arguments) = line.strip_prefix("$(MAKE)") {
+                stack.extend(
+                    arguments
+                        .split_whitespace()
+                        .filter(|word| !word.starts_with('-') && !word.contains('='))
+                        .map(str::to_string),
+                );
+                continue;
+            }
             script.push_str(&make_to_shell(line));
             script.push('\n');
         }
@@ -2147,7 +2157,7 @@ fn the_rust_and_makefile_scans_find_the_commands_called() {
 
     let makefile = "WASM := target/x.wasm\n\
                     .PHONY: build test demo bench\n\
-                    build: setup wasm\n\
+                    build: setup\n\t@$(MAKE) --no-print-directory -j2 wasm\n\
                     setup:\n\t@scripts/setup.sh\n\
                     wasm:\n\t@zz-wasm-builder $(WASM)\n\
                     test: build\n\tcargo test\n\
