@@ -16,8 +16,8 @@ setup-demo:
 # the other's compiling overlaps (their cargo target directories differ on the Debian
 # route; on rustup's, cargo's lock takes them one after the other).
 build: setup-demo
-	@scripts/build-wasm.sh & wasm=$$!; \
-	cargo build --quiet --release -p redis-shim; shim=$$?; \
+	@$(MAKE) --no-print-directory wasm & wasm=$$!; \
+	$(MAKE) --no-print-directory shim; shim=$$?; \
 	wait $$wasm && exit $$shim
 
 wasm:

@@ -996,16 +996,21 @@ fn makefile_recipes(text: &str, roots: &[String]) -> String {
         stack.extend(dependencies.iter().cloned());
         for line in recipe {
             let line = line.trim_start_matches(['@', '-', '+', ' ']);
-            // A recursive make runs the targets it names: follow them like dependencies.
-            if let Some(arguments) = line.strip_prefix("$(MAKE)") {
+            // A recursive make runs the targets it names: follow them like dependencies;
+            // the rest of the line is scanned as usual.
+            let mut segments = line.split("$(MAKE)");
+            let mut shell = segments.next().unwrap_or_default().to_string();
+            for segment in segments {
+                let end = segment.find(['&', '|', ';']).unwrap_or(segment.len());
                 stack.extend(
-                    arguments
+                    segment[..end]
                         .split_whitespace()
                         .filter(|word| !word.starts_with('-') && !word.contains('='))
                         .map(str::to_string),
                 );
-                continue;
+                shell.push_str(&segment[end..]);
             }
+            let line = shell.as_str();
             script.push_str(&make_to_shell(line));
             script.push('\n');
         }
@@ -2157,7 +2162,7 @@ fn the_rust_and_makefile_scans_find_the_commands_called() {
 
     let makefile = "WASM := target/x.wasm\n\
                     .PHONY: build test demo bench\n\
-                    build: setup\n\t@$(MAKE) --no-print-directory -j2 wasm\n\
+                    build: setup\n\t@$(MAKE) --no-print-directory wasm & pid=$$!; zz-other; wait $$pid\n\
                     setup:\n\t@scripts/setup.sh\n\
                     wasm:\n\t@zz-wasm-builder $(WASM)\n\
                     test: build\n\tcargo test\n\
@@ -2168,6 +2173,7 @@ fn the_rust_and_makefile_scans_find_the_commands_called() {
         "scripts/setup.sh",
         "zz-wasm-builder",
         "cargo",
+        "zz-other",
         "zz-demo",
         "zz-down",
     ]
