@@ -2,12 +2,23 @@
 WASM := target/wasm32-wasip1/release/ratelimit_wasm.wasm
 SHIM := target/release/redis-shim
 
-.PHONY: setup build wasm shim test test-wasm unit lint fmt fuzz up down demo clean
+.PHONY: setup setup-demo build wasm shim test test-wasm unit lint fmt fuzz up down demo clean
 
+# Every tool in scripts/tools.txt; setup-demo leaves out what only the tests need, so that
+# the first `make demo` does not wait for test tools to compile.
 setup:
 	@scripts/setup.sh
 
-build: setup wasm shim
+setup-demo:
+	@scripts/setup.sh demo
+
+# The filter and the shim side by side: each ends in a long single-threaded LTO step, which
+# the other's compiling overlaps (their cargo target directories differ on the Debian
+# route; on rustup's, cargo's lock takes them one after the other).
+build: setup-demo
+	@$(MAKE) --no-print-directory wasm & wasm=$$!; \
+	$(MAKE) --no-print-directory shim; shim=$$?; \
+	wait $$wasm && exit $$shim
 
 wasm:
 	@scripts/build-wasm.sh
@@ -17,7 +28,7 @@ shim:
 
 # Unit tests compiled to wasm32 under Node, then native unit tests and the end-to-end
 # tests (real Redis, the real shim, real Envoy loading the built .wasm).
-test: build test-wasm
+test: setup build test-wasm
 	cargo test --workspace --lib --tests
 	@scripts/fuzz.sh 3
 
@@ -50,6 +61,12 @@ demo: build
 	@scripts/demo.sh || { scripts/stack.sh down; exit 1; }
 	@scripts/stack.sh down
 
+# A release folder, dist/ratelimit-wasm-VERSION/ (scripts/dist.sh; REGISTRY names the
+# registry the WasmPlugin pulls from).
+.PHONY: dist
+dist: build
+	@scripts/dist.sh
+
 clean: down
 	rm -rf target .run
 
@@ -66,5 +83,5 @@ compose-down:
 # Benchmarks (not part of `make test`): Envoy with one worker on core 0, load from core 1;
 # every configuration back to back, the sweep twice; see bench/RESULTS.md.
 .PHONY: bench
-bench: build
+bench: setup build
 	@bench/bench.sh

@@ -7,7 +7,10 @@
 # again; silent when everything is present.
 #
 #   scripts/setup.sh                   install what is missing, then check every tool
-#   scripts/setup.sh --plan [MANIFEST] install and check nothing: print what a machine with
+#   scripts/setup.sh demo              the same for what building and `make demo` need only:
+#                                      rows whose WHEN is test are left out
+#   scripts/setup.sh --plan [demo] [MANIFEST]
+#                                      install and check nothing: print what a machine with
 #                                      nothing installed would get from MANIFEST (default
 #                                      scripts/tools.txt); tests/setup.rs reads it
 set -euo pipefail
@@ -16,11 +19,20 @@ cd "$(dirname "$0")/.."
 ENVOY_VERSION=1.40.0
 manifest=scripts/tools.txt
 plan=false
-case "${1:-}" in
-    "") ;;
-    --plan) plan=true; manifest=${2:-$manifest} ;;
-    *) echo "usage: $0 [--plan [MANIFEST]]" >&2; exit 2 ;;
-esac
+demo=false
+usage="usage: $0 [demo] | $0 --plan [demo] [MANIFEST]"
+if [ "${1:-}" = --plan ]; then
+    plan=true
+    shift
+fi
+if [ "${1:-}" = demo ]; then
+    demo=true
+    shift
+fi
+if [ $# -gt 0 ]; then
+    $plan && [ $# -eq 1 ] || { echo "$usage" >&2; exit 2; }
+    manifest=$1
+fi
 
 # The version pip, npm or cargo installs of a package (one `PACKAGE) echo VERSION ;;` line each,
 # which tests/setup.rs reads too). The wasm32 unit tests' runner must match the
@@ -52,8 +64,8 @@ while IFS= read -r line || [ -n "$line" ]; do
     where="setup: $manifest:$line_number"
     [ -n "${used_by:-}" ] || { echo "$where: expected TOOL WHEN SOURCE PACKAGES USED-BY" >&2; exit 1; }
     case $when in
-        always | debian-wasm) ;;
-        *) echo "$where: $tool: unknown WHEN '$when' (always, debian-wasm)" >&2; exit 1 ;;
+        always | test | debian-wasm) ;;
+        *) echo "$where: $tool: unknown WHEN '$when' (always, test, debian-wasm)" >&2; exit 1 ;;
     esac
     installer=""
     IFS='|' read -r -a alternatives <<<"$source"
@@ -95,18 +107,23 @@ while IFS= read -r line || [ -n "$line" ]; do
 done <"$manifest"
 
 # ---- Whether a row is needed here, and whether its tool is there. ----
+# The demo builds for wasm32-wasip1 only; the tests' wasm32 unit tests need
+# wasm32-unknown-unknown too.
+wasm_targets=(wasm32-wasip1)
+$demo || wasm_targets+=(wasm32-unknown-unknown)
 debian_wasm=""
 needed() { # WHEN
     case $1 in
         always) return 0 ;;
+        test) ! $demo ;;
         debian-wasm)
             if $plan; then return 0; fi
             if [ -z "$debian_wasm" ]; then
                 targets=$(rustup target list --installed 2>/dev/null || true)
-                debian_wasm=yes
-                if grep -qx wasm32-wasip1 <<<"$targets" && grep -qx wasm32-unknown-unknown <<<"$targets"; then
-                    debian_wasm=no
-                fi
+                debian_wasm=no
+                for target in "${wasm_targets[@]}"; do
+                    grep -qx "$target" <<<"$targets" || debian_wasm=yes
+                done
             fi
             [ "$debian_wasm" = yes ] ;;
     esac

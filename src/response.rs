@@ -534,4 +534,35 @@ mod tests {
         assert_eq!(per(250), "per 250 ms");
         assert_eq!(per(1_500), "per 1500 ms");
     }
+
+    #[test]
+    fn a_calendar_refusal_reads_in_the_units_of_its_config() {
+        // Through the config parser, so that the text follows what an operator wrote.
+        let config = FilterConfig::from_json(
+            br#"{"shim_cluster": "c", "rules": [
+                {"name": "daily", "key": ["client_ip"], "limit": 3, "calendar": "day",
+                 "utc_offset": "-03:30", "algorithm": "fixed_window"},
+                {"name": "weekly", "key": ["client_ip"], "limit": 7, "calendar": "week",
+                 "utc_offset": "+05:45", "algorithm": "fixed_window"}]}"#,
+        )
+        .unwrap();
+        for (rule, expected) in config.rules.iter().zip([
+            "Rate limit 'daily' exceeded: 3 per day (UTC-03:30). Retry in 60 s.",
+            "Rate limit 'weekly' exceeded: 7 per week (UTC+05:45). Retry in 60 s.",
+        ]) {
+            let rule: Rule = (**rule).clone();
+            let checks = [check_for(&rule)];
+            let limit = rule.rate.limit.get();
+            let refused = [result(false, limit, 0, 60_000, 60_000)];
+            let Outcome::Reply(reply) = decide(
+                &judged(std::slice::from_ref(&rule), &checks, &refused),
+                NOW_MS,
+                &settings(&[]),
+            ) else {
+                panic!("expected a reply")
+            };
+            let body: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+            assert_eq!(body["detail"], expected, "{body}");
+        }
+    }
 }

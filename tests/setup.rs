@@ -40,6 +40,8 @@ fn read(relative: &str) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum When {
     Always,
+    /// Only the tests, make lint and make fuzz call it: `setup.sh demo` skips it.
+    Test,
     /// Only when rustup lacks a wasm32 target, so the scripts use Debian's rustc-web.
     DebianWasm,
 }
@@ -203,10 +205,11 @@ fn parse_manifest(text: &str) -> Result<Vec<Row>, String> {
         }
         let when = match when {
             "always" => When::Always,
+            "test" => When::Test,
             "debian-wasm" => When::DebianWasm,
             other => {
                 return Err(at(format!(
-                    "{tool}: unknown WHEN {other:?} (always, debian-wasm)"
+                    "{tool}: unknown WHEN {other:?} (always, test, debian-wasm)"
                 )))
             }
         };
@@ -993,6 +996,21 @@ fn makefile_recipes(text: &str, roots: &[String]) -> String {
         stack.extend(dependencies.iter().cloned());
         for line in recipe {
             let line = line.trim_start_matches(['@', '-', '+', ' ']);
+            // A recursive make runs the targets it names: follow them like dependencies;
+            // the rest of the line is scanned as usual.
+            let mut segments = line.split("$(MAKE)");
+            let mut shell = segments.next().unwrap_or_default().to_string();
+            for segment in segments {
+                let end = segment.find(['&', '|', ';']).unwrap_or(segment.len());
+                stack.extend(
+                    segment[..end]
+                        .split_whitespace()
+                        .filter(|word| !word.starts_with('-') && !word.contains('='))
+                        .map(str::to_string),
+                );
+                shell.push_str(&segment[end..]);
+            }
+            let line = shell.as_str();
             script.push_str(&make_to_shell(line));
             script.push('\n');
         }
@@ -1317,6 +1335,52 @@ fn called_tools() -> BTreeMap<String, BTreeSet<String>> {
     called
 }
 
+/// Tools that building and the demo call: the recipes of `make demo` and `make up` and of
+/// what they depend on, the project's scripts those run (and the scripts those run), and
+/// the modules the scripts' Python imports. setup.sh itself is left out: which installer
+/// it calls follows from the rows it installs.
+fn demo_tools() -> BTreeMap<String, BTreeSet<String>> {
+    let tracked = tracked_files();
+    let mut called: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let roots = ["demo".to_string(), "up".to_string()];
+    let mut pending = vec![(
+        "Makefile".to_string(),
+        script_tools(&makefile_recipes(&read("Makefile"), &roots)),
+    )];
+    let mut scanned = BTreeSet::from(["scripts/setup.sh".to_string()]);
+    while let Some((file, tools)) = pending.pop() {
+        for tool in tools {
+            if tracked.contains(&tool) {
+                if tool.ends_with(".sh") && scanned.insert(tool.clone()) {
+                    let text = read(&tool);
+                    let mut tools = script_tools(&text);
+                    tools.extend(shebang_tools(&text));
+                    pending.push((tool.clone(), tools));
+                }
+                continue;
+            }
+            called.entry(tool).or_default().insert(file.clone());
+        }
+    }
+    assert!(
+        scanned.contains("scripts/stack.sh") && scanned.contains("scripts/build-wasm.sh"),
+        "the demo's scripts were not found from the Makefile (scanned {scanned:?}): is the scan broken?"
+    );
+    let standard = python_standard_modules();
+    let mut files = Vec::new();
+    source_files(&repo_root().join("scripts"), "py", &mut files);
+    for path in files {
+        let name = path.strip_prefix(repo_root()).unwrap().display().to_string();
+        for module in python_third_party_imports(&path, &standard) {
+            called
+                .entry(format!("python3:{module}"))
+                .or_default()
+                .insert(name.clone());
+        }
+    }
+    called
+}
+
 /// Files git tracks: a relative path to one of them is the project's own script.
 fn tracked_files() -> BTreeSet<String> {
     let output = Command::new("git")
@@ -1600,11 +1664,12 @@ struct Plan {
     verify: BTreeSet<String>,
 }
 
-/// `setup.sh --plan [MANIFEST]`: what a machine with nothing installed would get.
-fn setup_plan(manifest: Option<&Path>) -> Result<Plan, String> {
+/// `setup.sh --plan [demo] [MANIFEST]`: what a machine with nothing installed would get.
+fn setup_plan(demo: bool, manifest: Option<&Path>) -> Result<Plan, String> {
     let output = Command::new("bash")
         .arg("scripts/setup.sh")
         .arg("--plan")
+        .args(demo.then_some("demo"))
         .args(manifest)
         .current_dir(repo_root())
         .output()
@@ -1690,6 +1755,37 @@ fn every_tool_the_sources_call_has_a_row_in_tools_txt() {
 }
 
 #[test]
+fn no_tool_the_demo_calls_is_left_to_the_tests() {
+    let rows = manifest();
+    let demo = demo_tools();
+    for expected in ["curl", "redis-server", ".venv/bin/envoy"] {
+        assert!(
+            demo.contains_key(expected),
+            "the demo scan does not find {expected}: is it broken? found {:?}",
+            demo.keys().collect::<Vec<_>>()
+        );
+    }
+    let wrong: Vec<String> = rows
+        .iter()
+        .filter(|row| row.when == When::Test)
+        .filter_map(|row| {
+            let files = demo.get(&row.tool)?;
+            Some(format!(
+                "  {} (line {}) is WHEN test, but {} call it: `make demo` would miss it",
+                row.tool,
+                row.line,
+                files.iter().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{MANIFEST}: tools the demo needs marked test-only:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
 fn every_needed_tool_is_there_and_belongs_to_the_packages_its_row_names() {
     let debian_wasm = debian_wasm_route();
     let root = fs::canonicalize(repo_root()).unwrap();
@@ -1734,10 +1830,70 @@ fn every_needed_tool_is_there_and_belongs_to_the_packages_its_row_names() {
 
 #[test]
 fn setup_sh_installs_and_checks_what_tools_txt_lists() {
-    let rows = manifest();
-    let plan = setup_plan(None).unwrap_or_else(|e| panic!("setup.sh --plan failed: {e}"));
+    let all_rows = manifest();
     let mut problems = Vec::new();
+    let plan = setup_plan(false, None).unwrap_or_else(|e| panic!("setup.sh --plan failed: {e}"));
+    problems.extend(plan_problems("", &all_rows, &plan));
+    // `setup.sh demo` installs every row but the test rows.
+    let demo_rows: Vec<Row> = all_rows
+        .iter()
+        .filter(|row| row.when != When::Test)
+        .cloned()
+        .collect();
+    assert!(demo_rows.len() < all_rows.len(), "no test rows in {MANIFEST}");
+    let demo_plan = setup_plan(true, None).unwrap_or_else(|e| panic!("setup.sh --plan demo failed: {e}"));
+    problems.extend(plan_problems("demo: ", &demo_rows, &demo_plan));
+    assert!(
+        problems.is_empty(),
+        "scripts/setup.sh --plan against {MANIFEST}:\n  {}",
+        problems.join("\n  ")
+    );
 
+    // setup.sh reads the manifest it is given rather than a list of its own...
+    let probe = std::env::temp_dir().join(format!("tools-probe-{}.txt", std::process::id()));
+    let with_probe = format!(
+        "{}\nzz-probe-tool  always  apt  zz-probe-package  a probe row\n\
+         zz-probe-machine-tool  debian-wasm  machine  -  a probe row\n\
+         zz-probe-test-tool  test  apt  zz-probe-test-package  a probe row\n",
+        read(MANIFEST)
+    );
+    fs::write(&probe, with_probe).unwrap();
+    let probed = setup_plan(false, Some(&probe));
+    let probed_demo = setup_plan(true, Some(&probe));
+    // ...and refuses a row it cannot read, naming it.
+    fs::write(&probe, "zz-bad-tool  always  nosuch  -  a probe row\n").unwrap();
+    let refused = setup_plan(false, Some(&probe));
+    fs::remove_file(&probe).unwrap();
+    let probed = probed.unwrap_or_else(|e| panic!("setup.sh --plan with a probe row failed: {e}"));
+    assert!(
+        probed.apt.contains("zz-probe-package") && probed.apt.contains("zz-probe-test-package"),
+        "setup.sh did not request a package added to the manifest"
+    );
+    assert!(
+        probed.verify.contains("zz-probe-machine-tool"),
+        "setup.sh did not check a tool added to the manifest"
+    );
+    let probed_demo =
+        probed_demo.unwrap_or_else(|e| panic!("setup.sh --plan demo with a probe row failed: {e}"));
+    assert!(
+        probed_demo.apt.contains("zz-probe-package")
+            && !probed_demo.apt.contains("zz-probe-test-package")
+            && !probed_demo.verify.contains("zz-probe-test-tool"),
+        "setup.sh demo did not leave out the test row: {probed_demo:?}"
+    );
+    assert!(!plan.apt.contains("zz-probe-package"));
+    match refused {
+        Ok(plan) => panic!("setup.sh accepted an unknown SOURCE: {plan:?}"),
+        Err(stderr) => assert!(
+            stderr.contains(":1:") && stderr.contains("zz-bad-tool") && stderr.contains("nosuch"),
+            "setup.sh's refusal does not name the line, tool and source: {stderr}"
+        ),
+    }
+}
+
+/// Where `plan` differs from what setup.sh should install and check for `rows`.
+fn plan_problems(label: &str, rows: &[Row], plan: &Plan) -> Vec<String> {
+    let mut problems = Vec::new();
     let apt: BTreeSet<String> = rows
         .iter()
         .flat_map(|row| row.apt_packages().iter().cloned())
@@ -1764,7 +1920,7 @@ fn setup_sh_installs_and_checks_what_tools_txt_lists() {
     let mut pip = BTreeSet::new();
     let mut cargo = BTreeSet::new();
     let mut npm = BTreeSet::new();
-    for row in &rows {
+    for row in rows {
         match (row.installer(), row.packages.first()) {
             (Some(Source::Pip), None) => {
                 pip.insert("venv".to_string());
@@ -1793,42 +1949,10 @@ fn setup_sh_installs_and_checks_what_tools_txt_lists() {
 
     let tools: BTreeSet<String> = rows.iter().map(|row| row.tool.clone()).collect();
     problems.extend(differences("tools checked after install", &tools, &plan.verify));
-    assert!(
-        problems.is_empty(),
-        "scripts/setup.sh --plan against {MANIFEST}:\n  {}",
-        problems.join("\n  ")
-    );
-
-    // setup.sh reads the manifest it is given rather than a list of its own...
-    let probe = std::env::temp_dir().join(format!("tools-probe-{}.txt", std::process::id()));
-    let with_probe = format!(
-        "{}\nzz-probe-tool  always  apt  zz-probe-package  a probe row\n\
-         zz-probe-machine-tool  debian-wasm  machine  -  a probe row\n",
-        read(MANIFEST)
-    );
-    fs::write(&probe, with_probe).unwrap();
-    let probed = setup_plan(Some(&probe));
-    // ...and refuses a row it cannot read, naming it.
-    fs::write(&probe, "zz-bad-tool  always  nosuch  -  a probe row\n").unwrap();
-    let refused = setup_plan(Some(&probe));
-    fs::remove_file(&probe).unwrap();
-    let probed = probed.unwrap_or_else(|e| panic!("setup.sh --plan with a probe row failed: {e}"));
-    assert!(
-        probed.apt.contains("zz-probe-package"),
-        "setup.sh did not request a package added to the manifest"
-    );
-    assert!(
-        probed.verify.contains("zz-probe-machine-tool"),
-        "setup.sh did not check a tool added to the manifest"
-    );
-    assert!(!plan.apt.contains("zz-probe-package"));
-    match refused {
-        Ok(plan) => panic!("setup.sh accepted an unknown SOURCE: {plan:?}"),
-        Err(stderr) => assert!(
-            stderr.contains(":1:") && stderr.contains("zz-bad-tool") && stderr.contains("nosuch"),
-            "setup.sh's refusal does not name the line, tool and source: {stderr}"
-        ),
-    }
+    problems
+        .into_iter()
+        .map(|problem| format!("{label}{problem}"))
+        .collect()
 }
 
 // ---- Unit tests of the pieces above, on small inline samples ----
@@ -2038,7 +2162,7 @@ fn the_rust_and_makefile_scans_find_the_commands_called() {
 
     let makefile = "WASM := target/x.wasm\n\
                     .PHONY: build test demo bench\n\
-                    build: setup wasm\n\
+                    build: setup\n\t@$(MAKE) --no-print-directory wasm & pid=$$!; zz-other; wait $$pid\n\
                     setup:\n\t@scripts/setup.sh\n\
                     wasm:\n\t@zz-wasm-builder $(WASM)\n\
                     test: build\n\tcargo test\n\
@@ -2049,6 +2173,7 @@ fn the_rust_and_makefile_scans_find_the_commands_called() {
         "scripts/setup.sh",
         "zz-wasm-builder",
         "cargo",
+        "zz-other",
         "zz-demo",
         "zz-down",
     ]
