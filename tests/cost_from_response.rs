@@ -433,10 +433,17 @@ fn debt_stays_within_its_bound_per_counter_however_many_responses_report_at_once
             .collect();
         asks.into_iter().map(|ask| ask.join().unwrap()).collect()
     });
-    assert!(replies.iter().all(|status| *status == 200), "{replies:?}");
+    // Normally all ten; on a loaded machine a thread may send its request only after an
+    // earlier one's debt landed, and is rightly refused. Two settling at once still test
+    // the bound per counter.
+    let admitted = replies.iter().filter(|status| **status == 200).count() as u64;
+    assert!(
+        admitted >= 2 && replies.iter().all(|status| matches!(status, 200 | 429)),
+        "{replies:?}"
+    );
     let key = stack.key("tiny");
-    wait_until("ten settled", SETTLED_WITHIN, || {
-        stack.stat("tiny", "cost_settled") == 10
+    wait_until("the admitted settled", SETTLED_WITHIN, || {
+        stack.stat("tiny", "cost_settled") == admitted
     });
     // Each settlement went to the shim as its response ended; the first to land puts the
     // counter 100 periods deep.
