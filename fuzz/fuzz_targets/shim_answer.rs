@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let expected = usize::from(expected % 40);
     for status in [Some("200"), Some("504"), None] {
         if let Ok(answers) = read_batch_answer(status, body, expected) {
-            assert_eq!(answers.len(), expected);
+            assert_eq!(answers.each.len(), expected);
         }
     }
 });

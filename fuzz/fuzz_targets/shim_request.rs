@@ -1,9 +1,11 @@
 //! The shim's request parser: what `POST /v1/check` and `/v1/check-batch` read and
 //! validate before any key is touched. Arbitrary bytes are refused or valid, never a
-//! panic; a valid request is within the bounds the scripts rely on.
+//! panic; a valid request is within the bounds the scripts rely on. The same for the
+//! tolerant reading of a newer filter's batch (`tolerant::parse_batch`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use ratelimit_wire::tolerant::parse_batch;
 use ratelimit_wire::{BatchCheckRequest, CheckRequest, MAX_CHECKS, MAX_DEBT_LIMITS, MAX_KEY_LEN};
 
 fuzz_target!(|data: &[u8]| {
@@ -28,6 +30,15 @@ fuzz_target!(|data: &[u8]| {
                 assert!(difference <= (settled.limit * MAX_DEBT_LIMITS) as i64);
             }
             for request in &batch.requests {
+                let _ = request.validate();
+            }
+        }
+    }
+    if let Ok(read) = parse_batch(data) {
+        // One list of set-aside checks per request read.
+        assert_eq!(read.unsupported.len(), read.batch.requests.len());
+        if read.batch.validate().is_ok() {
+            for request in &read.batch.requests {
                 let _ = request.validate();
             }
         }
