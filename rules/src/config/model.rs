@@ -1,6 +1,7 @@
 //! The compiled configuration: what the request path reads, every value already checked.
 
 use super::header_dialects::Form;
+pub use super::header_dialects::HeaderDialect;
 use crate::keys::KeyPart;
 use crate::matching::RequestMatch;
 use crate::wire::{Algorithm, CalendarWindow, Period, Rate};
@@ -17,32 +18,6 @@ pub enum FailureMode {
     Open,
     /// Refuse the request with 503: protection over availability.
     Closed,
-}
-
-/// A header dialect: one way of telling clients their limit, which some client libraries
-/// read. A filter instance sends the dialects its `response.headers` lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum HeaderDialect {
-    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` as a Unix time (GitHub's form).
-    XRateLimit,
-    /// The same, `X-RateLimit-Reset` in seconds from now.
-    XRateLimitSeconds,
-    /// Envoy's rate-limit filter's `DRAFT_VERSION_03`: `X-RateLimit-Limit: 10, 10;w=60;
-    /// name="rule"`, `-Remaining`, `-Reset` in seconds from now.
-    EnvoyDraft03,
-    /// draft-ietf-httpapi-ratelimit-headers-06: `RateLimit-Limit`, `-Remaining`, `-Reset`
-    /// (seconds) and `RateLimit-Policy: 10;w=60` (express-rate-limit's `draft-6`).
-    Draft6,
-    /// draft-07: `RateLimit: limit=10, remaining=5, reset=30` and `RateLimit-Policy`.
-    Draft7,
-    /// draft-10: `RateLimit-Policy: "rule";q=10;w=60`, `RateLimit: "rule";r=5;t=30`, `t`
-    /// the seconds until the counter is full again.
-    Draft10,
-    /// draft-11: -10's fields, `r` the available quota and `t` the effective window (no
-    /// more than `r` may be used within it).
-    Draft11,
-    /// `Retry-After-Ms` on refusals: the wait in milliseconds (OpenAI's clients read it).
-    RetryAfterMs,
 }
 
 /// Longest this Envoy refuses a counter from its deny cache before asking the shim again,
