@@ -350,3 +350,101 @@ fn load_limit(
         detailed_metric,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(text: &str) -> String {
+        RlsConfig::default().add_file(text).unwrap_err()
+    }
+
+    #[test]
+    fn envoyproxy_ratelimit_fields_load() {
+        let mut config = RlsConfig::default();
+        config
+            .add_file(
+                r#"
+domain: edge
+descriptors:
+  - key: api_key
+    shadow_mode: true
+    detailed_metric: true
+    rate_limit: { unit: MINUTE, requests_per_unit: 10, name: per-key, replaces: [{ name: global }] }
+  - key: internal
+    value: "yes"
+    rate_limit: { unlimited: true }
+  - key: tenant
+    descriptors:
+      - key: user
+        rate_limit: { unit: year, requests_per_unit: 0, algorithm: token_bucket }
+"#,
+            )
+            .unwrap();
+        let edge = &config.domains["edge"];
+        let per_key = edge.children["api_key"].limit.as_ref().unwrap();
+        assert_eq!(per_key.path, "edge.api_key");
+        assert_eq!(per_key.name, "per-key");
+        assert_eq!(per_key.replaces, ["global"]);
+        assert!(per_key.shadow_mode && per_key.detailed_metric);
+        assert_eq!(
+            per_key.rate,
+            Some(Rate {
+                requests_per_unit: 10,
+                unit: Unit::Minute,
+                algorithm: Algorithm::FixedWindow
+            })
+        );
+        assert_eq!(edge.children["internal_yes"].limit.as_ref().unwrap().rate, None);
+        let user = edge.children["tenant"].children["user"].limit.as_ref().unwrap();
+        assert_eq!(user.rate.unwrap().algorithm, Algorithm::TokenBucket);
+        assert_eq!(config.limits().len(), 3);
+    }
+
+    #[test]
+    fn what_it_cannot_run_is_refused_naming_the_field() {
+        let cases = [
+            ("descriptors: []", "domain"),
+            ("domain: a\nlimits: []", "limits: unknown field"),
+            ("domain: a\ndescriptors: [{ key: k, quota_mode: true }]", "descriptors[0].quota_mode: not supported"),
+            ("domain: a\ndescriptors: [{ key: k, metadata: { a: 1 } }]", "descriptors[0].metadata"),
+            ("domain: a\ndescriptors: [{ key: k, share_threshold: true }]", "share_threshold"),
+            ("domain: a\ndescriptors: [{ key: k, value_to_metric: true }]", "value_to_metric"),
+            ("domain: a\ndescriptors: [{ value: v }]", "descriptors[0].key"),
+            ("domain: a\ndescriptors: [{ key: k, value: \"a*\" }]", "descriptors[0].value: wildcard"),
+            ("domain: a\ndescriptors: [{ key: k }, { key: k }]", "descriptors[1]: duplicate"),
+            (
+                "domain: a\ndescriptors: [{ key: k, descriptors: [{ key: j, rate_limit: { unit: fortnight } }] }]",
+                "descriptors[0].descriptors[0].rate_limit.unit",
+            ),
+            ("domain: a\ndescriptors: [{ key: k, rate_limit: { unlimited: true, unit: second } }]", "unit"),
+            (
+                "domain: a\ndescriptors: [{ key: k, rate_limit: { unit: second, requests_per_unit: 2000000000 } }]",
+                "requests_per_unit",
+            ),
+            ("domain: a\ndescriptors: [{ key: k, rate_limit: { unit: second, algorithm: leaky } }]", "algorithm"),
+            (
+                "domain: a\ndescriptors: [{ key: k, rate_limit: { unit: second, name: n, replaces: [{ name: n }] } }]",
+                "replaces[0].name",
+            ),
+            ("domain: a\ndescriptors: [{ key: k, rate_limit: { unit: second, burst: 3 } }]", "rate_limit.burst"),
+        ];
+        for (text, expected) in cases {
+            let message = refused(text);
+            assert!(
+                message.contains(expected),
+                "{text}: {message} should name {expected}"
+            );
+        }
+        // Unsupported fields left at their default are harmless, as in envoyproxy/ratelimit.
+        assert!(RlsConfig::default()
+            .add_file("domain: a\ndescriptors: [{ key: k, quota_mode: false }]")
+            .is_ok());
+        let mut twice = RlsConfig::default();
+        twice.add_file("domain: a").unwrap();
+        assert!(twice
+            .add_file("domain: a")
+            .unwrap_err()
+            .contains("already configured"));
+    }
+}

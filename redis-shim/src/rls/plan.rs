@@ -296,3 +296,169 @@ fn status(code: Code, limit: Option<&Applied>, remaining: u32, reset_ms: Option<
         quota: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry, RateLimitOverride,
+    };
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::google::protobuf::UInt64Value;
+
+    fn config() -> RlsConfig {
+        let mut config = RlsConfig::default();
+        config
+            .add_file(
+                r#"
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: { unit: minute, requests_per_unit: 10, name: per-key, replaces: [{ name: global }] }
+  - key: generic_key
+    value: global
+    rate_limit: { unit: hour, requests_per_unit: 100, name: global }
+  - key: generic_key
+    value: trial
+    shadow_mode: true
+    rate_limit: { unit: second, requests_per_unit: 1 }
+  - key: internal
+    rate_limit: { unlimited: true }
+"#,
+            )
+            .unwrap();
+        config
+    }
+
+    fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: entries
+                .iter()
+                .map(|(key, value)| Entry {
+                    key: key.to_string(),
+                    value: value.to_string(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: "edge".into(),
+            descriptors,
+            hits_addend: 0,
+        }
+    }
+
+    fn result(allowed: bool, remaining: u64, reset_ms: u64) -> CheckResult {
+        CheckResult {
+            allowed,
+            remaining,
+            reset_ms,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn replaces_unlimited_and_no_match_are_answered_without_counting() {
+        let config = config();
+        let plan = plan(
+            &config,
+            &request(vec![
+                descriptor(&[("api_key", "k1")]),
+                descriptor(&[("generic_key", "global")]),
+                descriptor(&[("internal", "x")]),
+                descriptor(&[("unknown", "x")]),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(plan.checks.len(), 1, "only the API key is counted");
+        assert_eq!(plan.descriptors[1], Planned::Replaced);
+        assert_eq!(plan.descriptors[2], Planned::Unlimited);
+        assert_eq!(plan.descriptors[3], Planned::NoLimit);
+        let check = &plan.checks[0];
+        assert_eq!((check.limit, check.period_ms, check.cost), (10, 60_000, 1));
+        assert_eq!(check.algorithm, Algorithm::FixedWindow);
+
+        let response = answer(&plan, &[result(true, 9, 30_000)], 0);
+        assert_eq!(response.overall_code, Code::Ok as i32);
+        let counted = &response.statuses[0];
+        assert_eq!(counted.limit_remaining, 9);
+        assert_eq!(counted.current_limit.as_ref().unwrap().name, "per-key");
+        assert_eq!(counted.duration_until_reset.unwrap().seconds, 30);
+        assert_eq!(response.statuses[2].limit_remaining, u32::MAX);
+        assert!(response.statuses[3].current_limit.is_none());
+    }
+
+    #[test]
+    fn a_shadow_limit_never_refuses_and_an_enforcing_one_does() {
+        let config = config();
+        let plan = plan(
+            &config,
+            &request(vec![
+                descriptor(&[("generic_key", "trial")]),
+                descriptor(&[("api_key", "k1")]),
+            ]),
+        )
+        .unwrap();
+        assert!(plan.checks[0].shadow && !plan.checks[1].shadow);
+        let response = answer(&plan, &[result(false, 0, 400), result(true, 3, 1_000)], 0);
+        assert_eq!(response.statuses[0].code, Code::Ok as i32, "shadow");
+        assert_eq!(response.overall_code, Code::Ok as i32);
+        let response = answer(&plan, &[result(true, 0, 400), result(false, 0, 1_000)], 0);
+        assert_eq!(response.statuses[1].code, Code::OverLimit as i32);
+        assert_eq!(response.statuses[1].limit_remaining, 0);
+        assert_eq!(response.overall_code, Code::OverLimit as i32);
+    }
+
+    #[test]
+    fn hits_overrides_and_what_no_counter_can_admit() {
+        let config = config();
+        let mut heavy = descriptor(&[("api_key", "k1")]);
+        heavy.hits_addend = Some(UInt64Value { value: 4 });
+        let mut request_hits = request(vec![heavy, descriptor(&[("generic_key", "global")])]);
+        request_hits.hits_addend = 7;
+        let planned = plan(&config, &request_hits).unwrap();
+        assert_eq!(planned.checks[0].cost, 4, "the descriptor's own hits");
+        // The API key replaces "global" here too; without it the request's hits count.
+        let global_only = RateLimitRequest {
+            hits_addend: 7,
+            ..request(vec![descriptor(&[("generic_key", "global")])])
+        };
+        assert_eq!(plan(&config, &global_only).unwrap().checks[0].cost, 7);
+
+        let mut too_heavy = descriptor(&[("api_key", "k1")]);
+        too_heavy.hits_addend = Some(UInt64Value { value: 11 });
+        let planned = plan(&config, &request(vec![too_heavy])).unwrap();
+        assert!(planned.checks.is_empty() && planned.refused_beforehand());
+        let response = answer(&planned, &[], 45_000);
+        assert_eq!(response.overall_code, Code::OverLimit as i32);
+        assert_eq!(response.statuses[0].duration_until_reset.unwrap().seconds, 15);
+
+        let mut overridden = descriptor(&[("anything", "x")]);
+        overridden.limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: PbUnit::Day as i32,
+        });
+        let planned = plan(&config, &request(vec![overridden])).unwrap();
+        assert_eq!(
+            (planned.checks[0].limit, planned.checks[0].period_ms),
+            (5, 86_400_000)
+        );
+
+        let mut zero = descriptor(&[("api_key", "k1")]);
+        zero.hits_addend = Some(UInt64Value { value: 0 });
+        assert!(plan(&config, &request(vec![zero]))
+            .unwrap_err()
+            .contains("descriptors[0].hits_addend"));
+        assert!(plan(&config, &request(vec![]))
+            .unwrap_err()
+            .contains("descriptors"));
+        let mut negative = descriptor(&[("api_key", "k1")]);
+        negative.is_negative_hits = true;
+        assert!(plan(&config, &request(vec![negative]))
+            .unwrap_err()
+            .contains("is_negative_hits"));
+    }
+}
