@@ -4,11 +4,12 @@
 //! In the library, not the binary, so tests start the shim in-process with exactly the
 //! flags an operator would pass.
 
-use crate::config::ShimConfig;
+use crate::config::{RlsOptions, ShimConfig};
 use crate::counters::CountersCommand;
 use crate::redis_connection::RedisConfig;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Runs ratelimit-wasm's checks as atomic Lua scripts in Redis.
@@ -81,6 +82,16 @@ pub struct Args {
     /// After SIGTERM, longest wait for the checks in flight, in milliseconds.
     #[arg(long, env = "RLSHIM_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
+    /// Also serve Envoy's rate-limit service (gRPC, `envoy.service.ratelimit.v3`, for
+    /// `envoy.filters.http.ratelimit`) on this address, with --rls-config. Same token,
+    /// in-flight bound and exposure rule as --listen (docs/RLS.md).
+    #[arg(long, env = "RLSHIM_GRPC_LISTEN", requires = "rls_config")]
+    pub grpc_listen: Option<SocketAddr>,
+    /// The rate-limit service's limits, in envoyproxy/ratelimit's YAML format: a file, or a
+    /// directory whose .yaml/.yml files are all loaded. Anything unsupported is refused at
+    /// start, naming the field.
+    #[arg(long, env = "RLSHIM_RLS_CONFIG", requires = "grpc_listen")]
+    pub rls_config: Option<PathBuf>,
     /// Log lines as human-readable text or as JSON objects. Levels: RUST_LOG.
     #[arg(long, env = "RLSHIM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -110,12 +121,13 @@ impl Args {
     /// Refuses to serve callers beyond this host without a token unless told to: an
     /// exposed shim without one can be driven by anyone who reaches it.
     pub fn check_exposure(&self) -> Result<(), String> {
-        if self.token.is_none() && !self.listen.ip().is_loopback() && !self.allow_no_token {
-            return Err(format!(
-                "listening on {} without a token: set --token (RLSHIM_TOKEN), or pass \
-                 --allow-no-token (RLSHIM_ALLOW_NO_TOKEN=true) to accept any caller",
-                self.listen
-            ));
+        for listen in std::iter::once(self.listen).chain(self.grpc_listen) {
+            if self.token.is_none() && !listen.ip().is_loopback() && !self.allow_no_token {
+                return Err(format!(
+                    "listening on {listen} without a token: set --token (RLSHIM_TOKEN), or pass \
+                     --allow-no-token (RLSHIM_ALLOW_NO_TOKEN=true) to accept any caller"
+                ));
+            }
         }
         Ok(())
     }
@@ -139,6 +151,10 @@ impl Args {
             header_timeout: Duration::from_millis(self.header_timeout_ms),
             body_timeout: Duration::from_millis(self.body_timeout_ms),
             shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms),
+            rls: self
+                .grpc_listen
+                .zip(self.rls_config.clone())
+                .map(|(listen, config_path)| RlsOptions { listen, config_path }),
         }
     }
 }
@@ -163,5 +179,23 @@ mod tests {
         assert!(args(&[&exposed[..], &["--allow-no-token"]].concat())
             .check_exposure()
             .is_ok());
+        let grpc_exposed = ["--grpc-listen", "0.0.0.0:8081", "--rls-config", "rls.yaml"];
+        let refused = args(&grpc_exposed).check_exposure().unwrap_err();
+        assert!(refused.contains("0.0.0.0:8081"), "{refused}");
+        assert!(args(&[&grpc_exposed[..], &["--token", "t"]].concat())
+            .check_exposure()
+            .is_ok());
+    }
+
+    #[test]
+    fn the_rate_limit_service_needs_both_its_address_and_its_configuration() {
+        let parse =
+            |flags: &[&str]| Args::try_parse_from(std::iter::once("redis-shim").chain(flags.iter().copied()));
+        assert!(parse(&["--grpc-listen", "127.0.0.1:8081"]).is_err());
+        assert!(parse(&["--rls-config", "rls.yaml"]).is_err());
+        let both = args(&["--grpc-listen", "127.0.0.1:8081", "--rls-config", "rls.yaml"]);
+        let rls = both.shim_config().rls.unwrap();
+        assert_eq!(rls.listen.port(), 8081);
+        assert!(args(&[]).shim_config().rls.is_none());
     }
 }

@@ -2,6 +2,8 @@
 //! the shim cannot run safely with before anything is served.
 
 use crate::redis_connection::RedisConfig;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Longest key prefix accepted.
@@ -31,6 +33,15 @@ pub struct ShimConfig {
     pub body_timeout: Duration,
     /// Longest the shim waits for checks in flight after the shutdown signal.
     pub shutdown_timeout: Duration,
+    /// Envoy's rate-limit service too, when set (`crate::rls`).
+    pub rls: Option<RlsOptions>,
+}
+
+/// Where the rate-limit service listens and its configuration (a file or a directory).
+#[derive(Debug, Clone)]
+pub struct RlsOptions {
+    pub listen: SocketAddr,
+    pub config_path: PathBuf,
 }
 
 impl ShimConfig {
@@ -100,6 +111,7 @@ pub(crate) fn test_config() -> ShimConfig {
         header_timeout: Duration::from_secs(1),
         body_timeout: Duration::from_secs(1),
         shutdown_timeout: Duration::from_secs(1),
+        rls: None,
     }
 }
 

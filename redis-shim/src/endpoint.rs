@@ -321,7 +321,7 @@ fn access_refusal(config: &ShimConfig, access: Access, headers: &HeaderMap) -> O
 }
 
 /// Compares in time independent of where the inputs differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

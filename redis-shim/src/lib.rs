@@ -35,6 +35,8 @@
 //! - [`store`]: the `Store` trait those run on; [`redis_store`], the Redis (standalone
 //!   or cluster) store, over [`redis_connection`].
 //! - [`scripts`]: the Lua scripts, their arguments and replies.
+//! - [`rls`]: Envoy's rate-limit service over gRPC (`--grpc-listen`), from an
+//!   envoyproxy/ratelimit configuration, deciding on the same path as `check`.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
@@ -59,6 +61,7 @@ pub mod peek;
 pub mod redis_connection;
 pub mod redis_store;
 pub mod refund;
+pub mod rls;
 pub mod routes;
 pub mod scripts;
 mod server;

@@ -1,6 +1,7 @@
 //! The shim's Prometheus metrics: plain atomics, rendered in the text exposition format
 //! on `GET /metrics`. Fixed label sets, so nothing grows with traffic.
 
+use crate::rls::metrics::RlsMetrics;
 use ratelimit_wire::Algorithm;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
@@ -155,6 +156,8 @@ pub struct Metrics {
     connection_closes: [AtomicU64; 4],
     latency: Histogram,
     redis_latency: Histogram,
+    /// The rate-limit service's own (`--grpc-listen`).
+    pub rls: RlsMetrics,
 }
 
 fn algorithm_index(algorithm: Algorithm) -> usize {
@@ -327,6 +330,7 @@ impl Metrics {
                 reason.as_str()
             );
         }
+        self.rls.render(&mut out);
         out
     }
 }

@@ -44,6 +44,11 @@ pub async fn run(
     let store = RedisStore::connect(&config.redis, metrics.clone())?;
     let shim = Arc::new(Shim::new(store, config, metrics));
     let app = routes::router(shim.clone());
+    let (stop_rls, rls_stopping) = tokio::sync::watch::channel(false);
+    let rls = match &shim.config.rls {
+        Some(options) => Some(crate::rls::start(options, shim.clone(), rls_stopping).await?),
+        None => None,
+    };
 
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // No header-read timer on HTTP/1: hyper's also runs while a kept-alive connection
@@ -87,10 +92,16 @@ pub async fn run(
 
     drop(listener);
     shim.draining.store(true, Ordering::SeqCst);
+    let _ = stop_rls.send(true);
     tracing::info!("shutdown requested: finishing the checks in flight");
     let grace = shim.config.shutdown_timeout;
+    let rls_stopped = async move {
+        if let Some(rls) = rls {
+            let _ = rls.await;
+        }
+    };
     tokio::select! {
-        () = graceful.shutdown() => {}
+        _ = futures_util::future::join(graceful.shutdown(), rls_stopped) => {}
         () = tokio::time::sleep(grace) => tracing::warn!(timeout = ?grace, "shutdown timeout: abandoning the checks still in flight"),
     }
     Ok(())

@@ -1,0 +1,450 @@
+//! `--rls-config`: envoyproxy/ratelimit's YAML configuration (one file, or every `.yaml`
+//! and `.yml` file of a directory) loaded into [`RlsConfig`], each domain a tree of
+//! descriptors. Read field by field rather than through serde, so that every refusal
+//! names the file and the field's path, and so that the fields envoyproxy/ratelimit
+//! knows but the shim does not run are refused by name instead of ignored.
+
+use ratelimit_wire::{Algorithm, MAX_LIMIT};
+use serde_yaml::{Mapping, Value};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Fields envoyproxy/ratelimit accepts that the shim does not run: refused when set.
+const UNSUPPORTED: [&str; 4] = ["quota_mode", "value_to_metric", "share_threshold", "metadata"];
+
+/// Every domain's descriptor tree.
+#[derive(Debug, Default)]
+pub struct RlsConfig {
+    pub domains: HashMap<String, Node>,
+}
+
+/// One level of a domain's descriptors: its children by `key_value` (or `key` alone for
+/// a descriptor without a value, which matches any value), and its limit, if any.
+#[derive(Debug, Default)]
+pub struct Node {
+    pub children: HashMap<String, Node>,
+    pub limit: Option<Limit>,
+}
+
+/// A configured `rate_limit`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limit {
+    /// Where it is configured (`domain.key_value.key`), for logs and errors.
+    pub path: String,
+    /// `rate_limit.name` (empty when unnamed), which `replaces` refers to.
+    pub name: String,
+    /// None when `unlimited`.
+    pub rate: Option<Rate>,
+    pub shadow_mode: bool,
+    pub replaces: Vec<String>,
+    pub detailed_metric: bool,
+}
+
+/// A limit that counts: `requests_per_unit` per `unit`, by `algorithm`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    pub algorithm: Algorithm,
+}
+
+/// envoyproxy/ratelimit's units, each a fixed length aligned to the Unix epoch (a month
+/// is 30 days, a year 365), as it counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    pub fn parse(name: &str) -> Option<Unit> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "second" => Unit::Second,
+            "minute" => Unit::Minute,
+            "hour" => Unit::Hour,
+            "day" => Unit::Day,
+            "week" => Unit::Week,
+            "month" => Unit::Month,
+            "year" => Unit::Year,
+            _ => return None,
+        })
+    }
+
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        }
+    }
+}
+
+/// Loads `path`: a file, or every `.yaml`/`.yml` file of a directory (in name order).
+pub fn load(path: &Path) -> Result<RlsConfig, String> {
+    let files = if path.is_dir() {
+        let mut files: Vec<_> = std::fs::read_dir(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+            .filter(|file| {
+                file.is_file() && file.extension().is_some_and(|ext| ext == "yaml" || ext == "yml")
+            })
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(format!(
+                "{}: no .yaml or .yml file in the directory",
+                path.display()
+            ));
+        }
+        files
+    } else {
+        vec![path.to_path_buf()]
+    };
+    let mut config = RlsConfig::default();
+    for file in files {
+        let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        config
+            .add_file(&text)
+            .map_err(|e| format!("{}: {e}", file.display()))?;
+    }
+    Ok(config)
+}
+
+impl RlsConfig {
+    /// Adds one file's domain; a domain already loaded is refused (as envoyproxy/ratelimit
+    /// does without MERGE_DOMAIN_CONFIG).
+    pub fn add_file(&mut self, text: &str) -> Result<(), String> {
+        let root: Value = serde_yaml::from_str(text).map_err(|e| format!("not YAML: {e}"))?;
+        let root = mapping(&root, "the file")?;
+        known_fields(root, "", &["domain", "descriptors"])?;
+        let domain = match root.get("domain") {
+            Some(Value::String(domain)) if !domain.is_empty() => domain.clone(),
+            _ => return Err("domain: a non-empty string is required".into()),
+        };
+        if self.domains.contains_key(&domain) {
+            return Err(format!(
+                "domain: {domain:?} is already configured by another file"
+            ));
+        }
+        let mut node = Node::default();
+        load_descriptors(&mut node, root.get("descriptors"), "descriptors", &domain)?;
+        self.domains.insert(domain, node);
+        Ok(())
+    }
+
+    /// Every limit configured, for the warnings given at start.
+    pub fn limits(&self) -> Vec<&Limit> {
+        fn walk<'a>(node: &'a Node, out: &mut Vec<&'a Limit>) {
+            out.extend(node.limit.as_ref());
+            node.children.values().for_each(|child| walk(child, out));
+        }
+        let mut out = Vec::new();
+        self.domains.values().for_each(|node| walk(node, &mut out));
+        out
+    }
+}
+
+fn mapping<'a>(value: &'a Value, at: &str) -> Result<&'a Mapping, String> {
+    value
+        .as_mapping()
+        .ok_or_else(|| format!("{at}: must be a mapping"))
+}
+
+/// Refuses a field not in `known` (naming the unsupported ones as such).
+fn known_fields(map: &Mapping, at: &str, known: &[&str]) -> Result<(), String> {
+    for (field, value) in map {
+        let Some(field) = field.as_str() else {
+            return Err(format!("{at}{field:?}: field names must be strings"));
+        };
+        if known.contains(&field) {
+            continue;
+        }
+        let unset = matches!(value, Value::Null | Value::Bool(false));
+        if UNSUPPORTED.contains(&field) {
+            if unset {
+                continue;
+            }
+            return Err(format!("{at}{field}: not supported by redis-shim (docs/RLS.md)"));
+        }
+        return Err(format!("{at}{field}: unknown field"));
+    }
+    Ok(())
+}
+
+fn string_field(map: &Mapping, field: &str, at: &str) -> Result<String, String> {
+    match map.get(field) {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        // YAML reads `value: 1` as a number; envoyproxy/ratelimit takes it as "1".
+        Some(Value::Number(n)) => Ok(n.to_string()),
+        Some(Value::Bool(b)) => Ok(b.to_string()),
+        Some(_) => Err(format!("{at}{field}: must be a string")),
+    }
+}
+
+fn bool_field(map: &Mapping, field: &str, at: &str) -> Result<bool, String> {
+    match map.get(field) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(format!("{at}{field}: must be true or false")),
+    }
+}
+
+fn load_descriptors(parent: &mut Node, list: Option<&Value>, at: &str, path: &str) -> Result<(), String> {
+    let list = match list {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::Sequence(list)) => list,
+        Some(_) => return Err(format!("{at}: must be a list")),
+    };
+    for (i, item) in list.iter().enumerate() {
+        let at = format!("{at}[{i}]");
+        let map = mapping(item, &at)?;
+        let field_at = format!("{at}.");
+        known_fields(
+            map,
+            &field_at,
+            &[
+                "key",
+                "value",
+                "rate_limit",
+                "descriptors",
+                "shadow_mode",
+                "detailed_metric",
+            ],
+        )?;
+        let key = string_field(map, "key", &field_at)?;
+        if key.is_empty() {
+            return Err(format!("{at}.key: must not be empty"));
+        }
+        let value = string_field(map, "value", &field_at)?;
+        // envoyproxy/ratelimit matches a value holding `*` as a pattern; the shim would
+        // match it literally, so it refuses it rather than count differently.
+        if value.contains('*') {
+            return Err(format!(
+                "{at}.value: wildcard values ({value:?}) are not supported"
+            ));
+        }
+        let final_key = if value.is_empty() {
+            key
+        } else {
+            format!("{key}_{value}")
+        };
+        let node_path = format!("{path}.{final_key}");
+        if parent.children.contains_key(&final_key) {
+            return Err(format!("{at}: duplicate descriptor {node_path:?}"));
+        }
+        let mut node = Node::default();
+        let shadow_mode = bool_field(map, "shadow_mode", &field_at)?;
+        let detailed_metric = bool_field(map, "detailed_metric", &field_at)?;
+        if let Some(rate_limit) = map.get("rate_limit").filter(|v| !v.is_null()) {
+            let limit_at = format!("{at}.rate_limit");
+            node.limit = Some(load_limit(
+                mapping(rate_limit, &limit_at)?,
+                &limit_at,
+                node_path.clone(),
+                shadow_mode,
+                detailed_metric,
+            )?);
+        }
+        load_descriptors(
+            &mut node,
+            map.get("descriptors"),
+            &format!("{at}.descriptors"),
+            &node_path,
+        )?;
+        parent.children.insert(final_key, node);
+    }
+    Ok(())
+}
+
+fn load_limit(
+    map: &Mapping,
+    at: &str,
+    path: String,
+    shadow_mode: bool,
+    detailed_metric: bool,
+) -> Result<Limit, String> {
+    let field_at = format!("{at}.");
+    known_fields(
+        map,
+        &field_at,
+        &[
+            "unit",
+            "requests_per_unit",
+            "unlimited",
+            "name",
+            "replaces",
+            "algorithm",
+        ],
+    )?;
+    let unlimited = bool_field(map, "unlimited", &field_at)?;
+    let unit_name = string_field(map, "unit", &field_at)?;
+    let rate = if unlimited {
+        if !unit_name.is_empty() {
+            return Err(format!("{at}.unit: an unlimited rate_limit takes no unit"));
+        }
+        None
+    } else {
+        let unit = Unit::parse(&unit_name).ok_or_else(|| {
+            format!("{at}.unit: {unit_name:?} is not one of second, minute, hour, day, week, month, year")
+        })?;
+        let requests_per_unit = match map.get("requests_per_unit") {
+            None | Some(Value::Null) => 0,
+            Some(Value::Number(n)) => n
+                .as_u64()
+                .filter(|&n| n <= MAX_LIMIT)
+                .ok_or_else(|| format!("{at}.requests_per_unit: must be 0..={MAX_LIMIT}"))?,
+            Some(_) => return Err(format!("{at}.requests_per_unit: must be a whole number")),
+        };
+        let algorithm = match string_field(map, "algorithm", &field_at)?.as_str() {
+            "" | "fixed_window" => Algorithm::FixedWindow,
+            "token_bucket" => Algorithm::TokenBucket,
+            other => {
+                return Err(format!(
+                    "{at}.algorithm: {other:?} is not fixed_window (the default) or token_bucket"
+                ))
+            }
+        };
+        Some(Rate {
+            requests_per_unit: u32::try_from(requests_per_unit).unwrap_or(u32::MAX),
+            unit,
+            algorithm,
+        })
+    };
+    let name = string_field(map, "name", &field_at)?;
+    let mut replaces = Vec::new();
+    match map.get("replaces") {
+        None | Some(Value::Null) => {}
+        Some(Value::Sequence(list)) => {
+            for (i, entry) in list.iter().enumerate() {
+                let entry_at = format!("{at}.replaces[{i}]");
+                let entry = mapping(entry, &entry_at)?;
+                known_fields(entry, &format!("{entry_at}."), &["name"])?;
+                let replaced = string_field(entry, "name", &format!("{entry_at}."))?;
+                if replaced.is_empty() {
+                    return Err(format!("{entry_at}.name: must not be empty"));
+                }
+                if replaced == name {
+                    return Err(format!("{entry_at}.name: a limit cannot replace itself"));
+                }
+                replaces.push(replaced);
+            }
+        }
+        Some(_) => return Err(format!("{at}.replaces: must be a list of {{name: ...}}")),
+    }
+    Ok(Limit {
+        path,
+        name,
+        rate,
+        shadow_mode,
+        replaces,
+        detailed_metric,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(text: &str) -> String {
+        RlsConfig::default().add_file(text).unwrap_err()
+    }
+
+    #[test]
+    fn envoyproxy_ratelimit_fields_load() {
+        let mut config = RlsConfig::default();
+        config
+            .add_file(
+                r#"
+domain: edge
+descriptors:
+  - key: api_key
+    shadow_mode: true
+    detailed_metric: true
+    rate_limit: { unit: MINUTE, requests_per_unit: 10, name: per-key, replaces: [{ name: global }] }
+  - key: internal
+    value: "yes"
+    rate_limit: { unlimited: true }
+  - key: tenant
+    descriptors:
+      - key: user
+        rate_limit: { unit: year, requests_per_unit: 0, algorithm: token_bucket }
+"#,
+            )
+            .unwrap();
+        let edge = &config.domains["edge"];
+        let per_key = edge.children["api_key"].limit.as_ref().unwrap();
+        assert_eq!(per_key.path, "edge.api_key");
+        assert_eq!(per_key.name, "per-key");
+        assert_eq!(per_key.replaces, ["global"]);
+        assert!(per_key.shadow_mode && per_key.detailed_metric);
+        assert_eq!(
+            per_key.rate,
+            Some(Rate {
+                requests_per_unit: 10,
+                unit: Unit::Minute,
+                algorithm: Algorithm::FixedWindow
+            })
+        );
+        assert_eq!(edge.children["internal_yes"].limit.as_ref().unwrap().rate, None);
+        let user = edge.children["tenant"].children["user"].limit.as_ref().unwrap();
+        assert_eq!(user.rate.unwrap().algorithm, Algorithm::TokenBucket);
+        assert_eq!(config.limits().len(), 3);
+    }
+
+    #[test]
+    fn what_it_cannot_run_is_refused_naming_the_field() {
+        let cases = [
+            ("descriptors: []", "domain"),
+            ("domain: a\nlimits: []", "limits: unknown field"),
+            ("domain: a\ndescriptors: [{ key: k, quota_mode: true }]", "descriptors[0].quota_mode: not supported"),
+            ("domain: a\ndescriptors: [{ key: k, metadata: { a: 1 } }]", "descriptors[0].metadata"),
+            ("domain: a\ndescriptors: [{ key: k, share_threshold: true }]", "share_threshold"),
+            ("domain: a\ndescriptors: [{ key: k, value_to_metric: true }]", "value_to_metric"),
+            ("domain: a\ndescriptors: [{ value: v }]", "descriptors[0].key"),
+            ("domain: a\ndescriptors: [{ key: k, value: \"a*\" }]", "descriptors[0].value: wildcard"),
+            ("domain: a\ndescriptors: [{ key: k }, { key: k }]", "descriptors[1]: duplicate"),
+            (
+                "domain: a\ndescriptors: [{ key: k, descriptors: [{ key: j, rate_limit: { unit: fortnight } }] }]",
+                "descriptors[0].descriptors[0].rate_limit.unit",
+            ),
+            ("domain: a\ndescriptors: [{ key: k, rate_limit: { unlimited: true, unit: second } }]", "unit"),
+            (
+                "domain: a\ndescriptors: [{ key: k, rate_limit: { unit: second, requests_per_unit: 2000000000 } }]",
+                "requests_per_unit",
+            ),
+            ("domain: a\ndescriptors: [{ key: k, rate_limit: { unit: second, algorithm: leaky } }]", "algorithm"),
+            (
+                "domain: a\ndescriptors: [{ key: k, rate_limit: { unit: second, name: n, replaces: [{ name: n }] } }]",
+                "replaces[0].name",
+            ),
+            ("domain: a\ndescriptors: [{ key: k, rate_limit: { unit: second, burst: 3 } }]", "rate_limit.burst"),
+        ];
+        for (text, expected) in cases {
+            let message = refused(text);
+            assert!(
+                message.contains(expected),
+                "{text}: {message} should name {expected}"
+            );
+        }
+        // Unsupported fields left at their default are harmless, as in envoyproxy/ratelimit.
+        assert!(RlsConfig::default()
+            .add_file("domain: a\ndescriptors: [{ key: k, quota_mode: false }]")
+            .is_ok());
+        let mut twice = RlsConfig::default();
+        twice.add_file("domain: a").unwrap();
+        assert!(twice
+            .add_file("domain: a")
+            .unwrap_err()
+            .contains("already configured"));
+    }
+}

@@ -1,0 +1,464 @@
+//! One `ShouldRateLimit` request, without I/O: which limit each descriptor falls under
+//! ([`plan`]: matching, `replaces`, `unlimited`, the request's own limit override and
+//! hits) and the checks that go to Redis; then the answer from the checks' results
+//! ([`answer`]): per descriptor `OK`/`OVER_LIMIT`, `current_limit`, `limit_remaining` and
+//! `duration_until_reset`, and overall `OVER_LIMIT` when any enforcing descriptor is.
+
+use super::config::{Limit, Rate, RlsConfig, Unit};
+use super::counter_key::counter_key;
+use super::matching::find_limit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    rate_limit::Unit as PbUnit, Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use ratelimit_wire::{Algorithm, Check, CheckResult, MAX_LIMIT};
+use std::collections::HashSet;
+
+/// What a request's descriptors come to.
+#[derive(Debug)]
+pub struct Plan {
+    pub descriptors: Vec<Planned>,
+    /// The checks for Redis, one per [`Planned::Counted`], all decided together.
+    pub checks: Vec<Check>,
+}
+
+/// What one descriptor comes to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Planned {
+    /// No configured limit matches: `OK`, no current limit.
+    NoLimit,
+    /// Its limit is `unlimited`: `OK`, remaining the largest value.
+    Unlimited,
+    /// Its limit is named in another matched limit's `replaces`: `OK`, not counted.
+    Replaced,
+    /// Counted by `checks[check]`.
+    Counted { limit: Applied, check: usize },
+    /// Its hits exceed its whole limit (or the limit is 0): over the limit without asking
+    /// Redis, and nothing of the request is charged.
+    Exceeds { limit: Applied },
+}
+
+/// The limit a descriptor is counted against.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied {
+    pub name: String,
+    pub rate: Rate,
+    pub shadow_mode: bool,
+}
+
+impl Applied {
+    fn period_ms(&self) -> u64 {
+        self.rate.unit.seconds() * 1000
+    }
+
+    fn current_limit(&self) -> RateLimit {
+        RateLimit {
+            name: self.name.clone(),
+            requests_per_unit: self.rate.requests_per_unit,
+            unit: pb_unit(self.rate.unit) as i32,
+        }
+    }
+}
+
+fn pb_unit(unit: Unit) -> PbUnit {
+    match unit {
+        Unit::Second => PbUnit::Second,
+        Unit::Minute => PbUnit::Minute,
+        Unit::Hour => PbUnit::Hour,
+        Unit::Day => PbUnit::Day,
+        Unit::Week => PbUnit::Week,
+        Unit::Month => PbUnit::Month,
+        Unit::Year => PbUnit::Year,
+    }
+}
+
+fn unit_of(unit: PbUnit) -> Option<Unit> {
+    Some(match unit {
+        PbUnit::Unknown => return None,
+        PbUnit::Second => Unit::Second,
+        PbUnit::Minute => Unit::Minute,
+        PbUnit::Hour => Unit::Hour,
+        PbUnit::Day => Unit::Day,
+        PbUnit::Week => Unit::Week,
+        PbUnit::Month => Unit::Month,
+        PbUnit::Year => Unit::Year,
+    })
+}
+
+/// What a descriptor matched before `replaces` is applied.
+enum Matched<'a> {
+    None,
+    Configured(&'a Limit),
+    /// The request's own `limit` (envoyproxy/ratelimit honours it in a known domain).
+    Override(Rate),
+}
+
+/// Plans `request` against `config`; an error is the request's fault (INVALID_ARGUMENT).
+pub fn plan(config: &RlsConfig, request: &RateLimitRequest) -> Result<Plan, String> {
+    if request.domain.is_empty() {
+        return Err("domain: must not be empty".into());
+    }
+    if request.descriptors.is_empty() {
+        return Err("descriptors: at least one is required".into());
+    }
+    let known_domain = config.domains.contains_key(&request.domain);
+    let mut matched = Vec::with_capacity(request.descriptors.len());
+    for (i, descriptor) in request.descriptors.iter().enumerate() {
+        if descriptor.is_negative_hits {
+            return Err(format!("descriptors[{i}].is_negative_hits: not supported"));
+        }
+        let entries: Vec<(&str, &str)> = descriptor
+            .entries
+            .iter()
+            .map(|entry| (entry.key.as_str(), entry.value.as_str()))
+            .collect();
+        matched.push(match &descriptor.limit {
+            Some(limit) if known_domain => {
+                let unit = PbUnit::try_from(limit.unit)
+                    .ok()
+                    .and_then(unit_of)
+                    .ok_or_else(|| format!("descriptors[{i}].limit.unit: unknown unit {}", limit.unit))?;
+                if u64::from(limit.requests_per_unit) > MAX_LIMIT {
+                    return Err(format!(
+                        "descriptors[{i}].limit.requests_per_unit: at most {MAX_LIMIT}"
+                    ));
+                }
+                Matched::Override(Rate {
+                    requests_per_unit: limit.requests_per_unit,
+                    unit,
+                    algorithm: Algorithm::FixedWindow,
+                })
+            }
+            _ => match find_limit(config, &request.domain, &entries) {
+                Some(limit) => Matched::Configured(limit),
+                None => Matched::None,
+            },
+        });
+    }
+    let replaced: HashSet<&str> = matched
+        .iter()
+        .filter_map(|m| match m {
+            Matched::Configured(limit) => Some(limit.replaces.iter().map(String::as_str)),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let mut plan = Plan {
+        descriptors: Vec::with_capacity(matched.len()),
+        checks: Vec::new(),
+    };
+    for (i, (descriptor, matched)) in request.descriptors.iter().zip(matched).enumerate() {
+        let applied = match matched {
+            Matched::None => {
+                plan.descriptors.push(Planned::NoLimit);
+                continue;
+            }
+            Matched::Override(rate) => Applied {
+                name: String::new(),
+                rate,
+                shadow_mode: false,
+            },
+            Matched::Configured(limit) => match limit.rate {
+                None => {
+                    plan.descriptors.push(Planned::Unlimited);
+                    continue;
+                }
+                Some(_) if !limit.name.is_empty() && replaced.contains(limit.name.as_str()) => {
+                    plan.descriptors.push(Planned::Replaced);
+                    continue;
+                }
+                Some(rate) => Applied {
+                    name: limit.name.clone(),
+                    rate,
+                    shadow_mode: limit.shadow_mode,
+                },
+            },
+        };
+        let hits = match &descriptor.hits_addend {
+            Some(hits) if hits.value == 0 => {
+                return Err(format!(
+                    "descriptors[{i}].hits_addend: 0 (a check without a charge) is not supported"
+                ))
+            }
+            Some(hits) => hits.value,
+            None => u64::from(request.hits_addend.max(1)),
+        };
+        if hits > u64::from(applied.rate.requests_per_unit) {
+            plan.descriptors.push(Planned::Exceeds { limit: applied });
+            continue;
+        }
+        let entries: Vec<(&str, &str)> = descriptor
+            .entries
+            .iter()
+            .map(|entry| (entry.key.as_str(), entry.value.as_str()))
+            .collect();
+        plan.checks.push(Check {
+            key: counter_key(
+                &request.domain,
+                &entries,
+                applied.rate.algorithm,
+                applied.period_ms(),
+            ),
+            algorithm: applied.rate.algorithm,
+            limit: u64::from(applied.rate.requests_per_unit),
+            period_ms: applied.period_ms(),
+            cost: hits,
+            shadow: applied.shadow_mode,
+            lease: 0,
+            calendar: None,
+        });
+        plan.descriptors.push(Planned::Counted {
+            limit: applied,
+            check: plan.checks.len() - 1,
+        });
+    }
+    Ok(plan)
+}
+
+impl Plan {
+    /// Whether an enforcing descriptor is over its limit before Redis is asked: then
+    /// nothing may be charged, and the checks are only peeked at.
+    pub fn refused_beforehand(&self) -> bool {
+        self.descriptors
+            .iter()
+            .any(|planned| matches!(planned, Planned::Exceeds { limit } if !limit.shadow_mode))
+    }
+}
+
+/// The answer to a planned request, from `results` (one per check, in order) at
+/// `now_ms` (Unix milliseconds, for the window end of descriptors Redis did not count).
+pub fn answer(plan: &Plan, results: &[CheckResult], now_ms: u64) -> RateLimitResponse {
+    let statuses: Vec<DescriptorStatus> = plan
+        .descriptors
+        .iter()
+        .map(|planned| match planned {
+            Planned::NoLimit | Planned::Replaced => status(Code::Ok, None, 0, None),
+            Planned::Unlimited => status(Code::Ok, None, u32::MAX, None),
+            Planned::Exceeds { limit } => {
+                let code = if limit.shadow_mode {
+                    Code::Ok
+                } else {
+                    Code::OverLimit
+                };
+                let reset = window_end_ms(limit, now_ms);
+                status(code, Some(limit), 0, Some(reset))
+            }
+            Planned::Counted { limit, check } => {
+                let result = results.get(*check).copied().unwrap_or_default();
+                let code = if result.allowed || limit.shadow_mode {
+                    Code::Ok
+                } else {
+                    Code::OverLimit
+                };
+                let remaining = if result.allowed {
+                    u32::try_from(result.remaining).unwrap_or(u32::MAX)
+                } else {
+                    0
+                };
+                // A fixed window resets when it ends, however little it holds (what
+                // envoyproxy/ratelimit answers); Redis reports 0 for an empty one.
+                let reset = match (result.reset_ms, limit.rate.algorithm) {
+                    (0, Algorithm::FixedWindow) => window_end_ms(limit, now_ms),
+                    (reset, _) => reset,
+                };
+                status(code, Some(limit), remaining, Some(reset))
+            }
+        })
+        .collect();
+    let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+    RateLimitResponse {
+        overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        statuses,
+        ..Default::default()
+    }
+}
+
+/// Milliseconds until the epoch-aligned window holding `now_ms` ends (a token bucket:
+/// its whole period).
+fn window_end_ms(limit: &Applied, now_ms: u64) -> u64 {
+    let period = limit.period_ms();
+    match limit.rate.algorithm {
+        Algorithm::FixedWindow => period - now_ms % period,
+        _ => period,
+    }
+}
+
+fn status(code: Code, limit: Option<&Applied>, remaining: u32, reset_ms: Option<u64>) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: limit.map(Applied::current_limit),
+        limit_remaining: remaining,
+        duration_until_reset: reset_ms.map(|ms| PbDuration {
+            seconds: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
+            nanos: i32::try_from(ms % 1000 * 1_000_000).unwrap_or(0),
+        }),
+        quota: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry, RateLimitOverride,
+    };
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::google::protobuf::UInt64Value;
+
+    fn config() -> RlsConfig {
+        let mut config = RlsConfig::default();
+        config
+            .add_file(
+                r#"
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: { unit: minute, requests_per_unit: 10, name: per-key, replaces: [{ name: global }] }
+  - key: generic_key
+    value: global
+    rate_limit: { unit: hour, requests_per_unit: 100, name: global }
+  - key: generic_key
+    value: trial
+    shadow_mode: true
+    rate_limit: { unit: second, requests_per_unit: 1 }
+  - key: internal
+    rate_limit: { unlimited: true }
+"#,
+            )
+            .unwrap();
+        config
+    }
+
+    fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: entries
+                .iter()
+                .map(|(key, value)| Entry {
+                    key: key.to_string(),
+                    value: value.to_string(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: "edge".into(),
+            descriptors,
+            hits_addend: 0,
+        }
+    }
+
+    fn result(allowed: bool, remaining: u64, reset_ms: u64) -> CheckResult {
+        CheckResult {
+            allowed,
+            remaining,
+            reset_ms,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn replaces_unlimited_and_no_match_are_answered_without_counting() {
+        let config = config();
+        let plan = plan(
+            &config,
+            &request(vec![
+                descriptor(&[("api_key", "k1")]),
+                descriptor(&[("generic_key", "global")]),
+                descriptor(&[("internal", "x")]),
+                descriptor(&[("unknown", "x")]),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(plan.checks.len(), 1, "only the API key is counted");
+        assert_eq!(plan.descriptors[1], Planned::Replaced);
+        assert_eq!(plan.descriptors[2], Planned::Unlimited);
+        assert_eq!(plan.descriptors[3], Planned::NoLimit);
+        let check = &plan.checks[0];
+        assert_eq!((check.limit, check.period_ms, check.cost), (10, 60_000, 1));
+        assert_eq!(check.algorithm, Algorithm::FixedWindow);
+
+        let response = answer(&plan, &[result(true, 9, 30_000)], 0);
+        assert_eq!(response.overall_code, Code::Ok as i32);
+        let counted = &response.statuses[0];
+        assert_eq!(counted.limit_remaining, 9);
+        assert_eq!(counted.current_limit.as_ref().unwrap().name, "per-key");
+        assert_eq!(counted.duration_until_reset.unwrap().seconds, 30);
+        assert_eq!(response.statuses[2].limit_remaining, u32::MAX);
+        assert!(response.statuses[3].current_limit.is_none());
+    }
+
+    #[test]
+    fn a_shadow_limit_never_refuses_and_an_enforcing_one_does() {
+        let config = config();
+        let plan = plan(
+            &config,
+            &request(vec![
+                descriptor(&[("generic_key", "trial")]),
+                descriptor(&[("api_key", "k1")]),
+            ]),
+        )
+        .unwrap();
+        assert!(plan.checks[0].shadow && !plan.checks[1].shadow);
+        let response = answer(&plan, &[result(false, 0, 400), result(true, 3, 1_000)], 0);
+        assert_eq!(response.statuses[0].code, Code::Ok as i32, "shadow");
+        assert_eq!(response.overall_code, Code::Ok as i32);
+        let response = answer(&plan, &[result(true, 0, 400), result(false, 0, 1_000)], 0);
+        assert_eq!(response.statuses[1].code, Code::OverLimit as i32);
+        assert_eq!(response.statuses[1].limit_remaining, 0);
+        assert_eq!(response.overall_code, Code::OverLimit as i32);
+    }
+
+    #[test]
+    fn hits_overrides_and_what_no_counter_can_admit() {
+        let config = config();
+        let mut heavy = descriptor(&[("api_key", "k1")]);
+        heavy.hits_addend = Some(UInt64Value { value: 4 });
+        let mut request_hits = request(vec![heavy, descriptor(&[("generic_key", "global")])]);
+        request_hits.hits_addend = 7;
+        let planned = plan(&config, &request_hits).unwrap();
+        assert_eq!(planned.checks[0].cost, 4, "the descriptor's own hits");
+        // The API key replaces "global" here too; without it the request's hits count.
+        let global_only = RateLimitRequest {
+            hits_addend: 7,
+            ..request(vec![descriptor(&[("generic_key", "global")])])
+        };
+        assert_eq!(plan(&config, &global_only).unwrap().checks[0].cost, 7);
+
+        let mut too_heavy = descriptor(&[("api_key", "k1")]);
+        too_heavy.hits_addend = Some(UInt64Value { value: 11 });
+        let planned = plan(&config, &request(vec![too_heavy])).unwrap();
+        assert!(planned.checks.is_empty() && planned.refused_beforehand());
+        let response = answer(&planned, &[], 45_000);
+        assert_eq!(response.overall_code, Code::OverLimit as i32);
+        assert_eq!(response.statuses[0].duration_until_reset.unwrap().seconds, 15);
+
+        let mut overridden = descriptor(&[("anything", "x")]);
+        overridden.limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: PbUnit::Day as i32,
+        });
+        let planned = plan(&config, &request(vec![overridden])).unwrap();
+        assert_eq!(
+            (planned.checks[0].limit, planned.checks[0].period_ms),
+            (5, 86_400_000)
+        );
+
+        let mut zero = descriptor(&[("api_key", "k1")]);
+        zero.hits_addend = Some(UInt64Value { value: 0 });
+        assert!(plan(&config, &request(vec![zero]))
+            .unwrap_err()
+            .contains("descriptors[0].hits_addend"));
+        assert!(plan(&config, &request(vec![]))
+            .unwrap_err()
+            .contains("descriptors"));
+        let mut negative = descriptor(&[("api_key", "k1")]);
+        negative.is_negative_hits = true;
+        assert!(plan(&config, &request(vec![negative]))
+            .unwrap_err()
+            .contains("is_negative_hits"));
+    }
+}

@@ -1,0 +1,139 @@
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over gRPC: the caller's
+//! token (gRPC metadata `x-ratelimit-token`, as the HTTP endpoints take it), an in-flight
+//! permit from the shim's bound, then the request planned ([`super::plan`]) and its
+//! checks decided by the shim's own path: all of them in one atomic script where their
+//! keys share a slot, slot by slot with refunds on a cluster otherwise
+//! ([`crate::decision`]), counted and logged as `POST /v1/check` counts them.
+
+use super::config::RlsConfig;
+use super::metrics::CallOutcome;
+use super::plan::{answer, plan, Plan, Planned};
+use crate::admission::OVERLOADED;
+use crate::check::respond;
+use crate::decision;
+use crate::endpoint::{constant_time_eq, Shim};
+use crate::scripts::Mode;
+use crate::store::{check_group, Store, StoreError};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use ratelimit_wire::{Check, CheckRequest, CheckResult, TOKEN_HEADER};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tonic::{Request, Response, Status};
+
+/// The service: the shim's store, bounds and metrics, and the loaded configuration.
+pub struct RlsService {
+    pub shim: Arc<Shim>,
+    pub config: Arc<RlsConfig>,
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let rls = &self.shim.metrics.rls;
+        if let Some(token) = &self.shim.config.token {
+            let presented = request
+                .metadata()
+                .get(TOKEN_HEADER)
+                .map(|v| v.as_bytes())
+                .unwrap_or_default();
+            if !constant_time_eq(presented, token.as_bytes()) {
+                rls.call(CallOutcome::Unauthorized);
+                return Err(Status::unauthenticated(format!(
+                    "missing or wrong {TOKEN_HEADER}"
+                )));
+            }
+        }
+        let Some(_permit) = self.shim.admission.try_admit() else {
+            rls.call(CallOutcome::Overloaded);
+            return Err(Status::resource_exhausted(OVERLOADED));
+        };
+        let _in_flight = self.shim.metrics.in_flight();
+        let request = request.into_inner();
+        let plan = plan(&self.config, &request).map_err(|message| {
+            rls.call(CallOutcome::Invalid);
+            Status::invalid_argument(message)
+        })?;
+        let results = self.decide(&plan).await.inspect_err(|status| {
+            let outcome = match status.code() {
+                tonic::Code::InvalidArgument => CallOutcome::Invalid,
+                _ => CallOutcome::RedisError,
+            };
+            rls.call(outcome);
+        })?;
+        let response = answer(&plan, &results, now_ms());
+        for (planned, status) in plan.descriptors.iter().zip(&response.statuses) {
+            let over = match planned {
+                Planned::Counted { check, .. } => !results.get(*check).is_some_and(|r| r.allowed),
+                Planned::Exceeds { .. } => true,
+                _ => false,
+            };
+            debug_assert!(over || status.code == Code::Ok as i32);
+            rls.descriptor(planned, over);
+        }
+        rls.call(if response.overall_code == Code::OverLimit as i32 {
+            CallOutcome::OverLimit
+        } else {
+            CallOutcome::Ok
+        });
+        Ok(Response::new(response))
+    }
+}
+
+impl RlsService {
+    /// The results of the plan's checks, one per check: decided (charged all or none), or
+    /// only peeked at when a descriptor is over its limit before Redis is asked.
+    async fn decide(&self, plan: &Plan) -> Result<Vec<CheckResult>, Status> {
+        if plan.checks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let request = CheckRequest {
+            checks: plan.checks.clone(),
+        };
+        request
+            .validate()
+            .map_err(|invalid| Status::invalid_argument(invalid.to_string()))?;
+        let shim = &self.shim;
+        let keys = shim
+            .config
+            .redis_keys(request.checks.iter().map(|check| check.key.as_str()));
+        if plan.refused_beforehand() {
+            return peek(&shim.store, &keys, &request.checks).await.map_err(|error| {
+                shim.metrics.redis_error(error.kind());
+                Status::unavailable(format!("redis: {error}"))
+            });
+        }
+        let decision = decision::decide(&shim.store, &keys, &request.checks).await;
+        match respond(&shim.metrics, &request, &keys, decision) {
+            Ok(response) => Ok(response.results),
+            Err(refusal) => Err(Status::unavailable(refusal.message)),
+        }
+    }
+}
+
+/// The state of every check's counter, charging nothing.
+async fn peek<S: Store>(
+    store: &S,
+    keys: &[String],
+    checks: &[Check],
+) -> Result<Vec<CheckResult>, StoreError> {
+    let mut results = vec![CheckResult::default(); checks.len()];
+    for group in store.group_by_slot(keys) {
+        let rows = check_group(store, Mode::Peek, &group, keys, checks).await?;
+        for (&i, row) in group.iter().zip(rows) {
+            results[i] = row.result(&checks[i]);
+        }
+    }
+    Ok(results)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}

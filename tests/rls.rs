@@ -1,0 +1,339 @@
+//! The shim as Envoy's rate-limit service: real Envoy's native
+//! `envoy.filters.http.ratelimit` filter asking the shim's `--grpc-listen` over gRPC,
+//! with limits in envoyproxy/ratelimit's YAML format (`--rls-config`), counted in real
+//! Redis (standalone and a three-master cluster). Envoy routes to a real upstream: the
+//! filter applies a route's rate limits only on a route to a cluster.
+
+mod support;
+
+use clap::Parser;
+use serde_json::{json, Value};
+use std::fs;
+use std::time::{Duration, Instant};
+use support::*;
+
+const TOKEN: &str = "rls-test-token";
+
+/// The limits every test runs with. Days, so no window ends during a test.
+const LIMITS: &str = r#"
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: { unit: day, requests_per_unit: 3 }
+  - key: remote_address
+    rate_limit: { unit: day, requests_per_unit: 2 }
+  - key: generic_key
+    value: global
+    rate_limit: { unit: day, requests_per_unit: 50 }
+  - key: generic_key
+    value: shared
+    rate_limit: { unit: day, requests_per_unit: 1000 }
+"#;
+
+/// The shim serving the rate-limit service on a claimed port, with `LIMITS`.
+fn rls_shim(redis_urls: &str, extra: &[&str]) -> (Shim, ClaimedPort) {
+    let grpc = claim_port();
+    let config = scratch("rls").join("limits.yaml");
+    fs::write(&config, LIMITS).unwrap();
+    let listen = format!("127.0.0.1:{}", grpc.port);
+    let mut args = vec![
+        "--grpc-listen",
+        &listen,
+        "--rls-config",
+        config.to_str().unwrap(),
+        "--token",
+        TOKEN,
+    ];
+    args.extend(extra);
+    let shim = Shim::start(redis_urls, &args);
+    (shim, grpc)
+}
+
+/// Routes by path, each with its rate-limit actions: `/key` the `x-api-key` header,
+/// `/ip` the client's address, `/global` and `/both` a generic key (`/both` also the
+/// API key: two descriptors in one request).
+fn envoy_config(grpc_port: u16, upstream_port: u16, failure_mode_deny: bool) -> Value {
+    let route = |prefix: &str, actions: Vec<Value>| {
+        json!({ "match": { "prefix": prefix },
+                "route": { "cluster": "upstream",
+                           "rate_limits": actions.into_iter().map(|a| json!({ "actions": [a] })).collect::<Vec<_>>() } })
+    };
+    let api_key = json!({ "request_headers": { "header_name": "x-api-key", "descriptor_key": "api_key" } });
+    let generic = |value: &str| json!({ "generic_key": { "descriptor_value": value } });
+    json!({
+        "static_resources": {
+            "listeners": [{
+                "name": "test",
+                "address": loopback(0),
+                "filter_chains": [{ "filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "test",
+                        "route_config": { "virtual_hosts": [{
+                            "name": "test", "domains": ["*"],
+                            "routes": [
+                                route("/key", vec![api_key.clone()]),
+                                route("/ip", vec![json!({ "remote_address": {} })]),
+                                route("/global", vec![generic("global")]),
+                                route("/both", vec![api_key, generic("shared")]),
+                            ]
+                        }]},
+                        "http_filters": [
+                            { "name": "envoy.filters.http.ratelimit",
+                              "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit",
+                                "domain": "edge",
+                                "timeout": "1s",
+                                "failure_mode_deny": failure_mode_deny,
+                                "enable_x_ratelimit_headers": "DRAFT_VERSION_03",
+                                "rate_limit_service": {
+                                    "transport_api_version": "V3",
+                                    "grpc_service": {
+                                        "envoy_grpc": { "cluster_name": "rls" },
+                                        "initial_metadata": [{ "key": "x-ratelimit-token", "value": TOKEN }]
+                                    }
+                                }
+                              } },
+                            { "name": "envoy.filters.http.router",
+                              "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" } }
+                        ]
+                    }
+                }]}]
+            }],
+            "clusters": [
+                { "name": "rls", "type": "STATIC", "connect_timeout": "0.25s",
+                  "typed_extension_protocol_options": { "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                      "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                      "explicit_http_config": { "http2_protocol_options": {} } } },
+                  "load_assignment": { "cluster_name": "rls",
+                      "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": loopback(grpc_port) } }] }] } },
+                { "name": "upstream", "type": "STATIC", "connect_timeout": "1s",
+                  "load_assignment": { "cluster_name": "upstream",
+                      "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": loopback(upstream_port) } }] }] } }
+            ]
+        },
+        "admin": { "address": loopback(0) }
+    })
+}
+
+/// `rlshim_rls_requests_total` of `outcome`, from the shim's metrics.
+fn rls_calls(shim: &Shim, outcome: &str) -> u64 {
+    let series = format!("rlshim_rls_requests_total{{outcome=\"{outcome}\"}} ");
+    get(&shim.url("/metrics"), &[])
+        .body
+        .lines()
+        .find_map(|line| line.strip_prefix(&series)?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series}"))
+}
+
+fn statuses(replies: &[Reply]) -> Vec<u16> {
+    replies.iter().map(|r| r.status).collect()
+}
+
+#[test]
+fn header_address_and_generic_key_descriptors_are_limited_with_true_headers() {
+    let redis = Redis::start();
+    let (shim, grpc) = rls_shim(&redis.url(), &[]);
+    let upstream = Upstream::start();
+    let envoy = Envoy::start_bootstrap(&envoy_config(grpc.port, upstream.port, true));
+
+    let key_a: Vec<Reply> = (0..5)
+        .map(|_| get(&envoy.url("/key"), &[("x-api-key", "alice")]))
+        .collect();
+    assert_eq!(statuses(&key_a), [200, 200, 200, 429, 429]);
+    // Envoy's own headers, from the shim's current_limit, limit_remaining and
+    // duration_until_reset.
+    let remaining: Vec<u64> = key_a.iter().map(|r| r.number("x-ratelimit-remaining")).collect();
+    assert_eq!(remaining, [2, 1, 0, 0, 0]);
+    let limit = key_a[0].header("x-ratelimit-limit").unwrap();
+    assert!(limit.starts_with("3, 3;w=86400"), "{limit}");
+    let reset = key_a[0].number("x-ratelimit-reset");
+    assert!((1..=86_400).contains(&reset), "reset {reset}");
+    assert_eq!(
+        get(&envoy.url("/key"), &[("x-api-key", "bob")]).status,
+        200,
+        "each header value is its own counter"
+    );
+
+    let by_address: Vec<u16> = (0..3).map(|_| get(&envoy.url("/ip"), &[]).status).collect();
+    assert_eq!(by_address, [200, 200, 429]);
+
+    // The raw values never reach Redis: every key is hashed.
+    let keys = redis.cli(&["KEYS", "*"]);
+    assert!(!keys.contains("alice") && !keys.contains("127.0.0.1"), "{keys}");
+    assert!(keys.contains("rl:rls/fw86400000:{"), "{keys}");
+
+    // A request with two descriptors is all or nothing: once its API key is spent, the
+    // shared counter is not charged by the requests refused.
+    let both: Vec<u16> = (0..5)
+        .map(|_| get(&envoy.url("/both"), &[("x-api-key", "carol")]).status)
+        .collect();
+    assert_eq!(both, [200, 200, 200, 429, 429]);
+    let shared = get(&envoy.url("/both"), &[("x-api-key", "dave")]);
+    assert_eq!(shared.status, 200);
+    assert_eq!(
+        shared.number("x-ratelimit-remaining"),
+        2,
+        "the descriptor closest to its limit: dave's key, 3 - 1"
+    );
+
+    let metrics = get(&shim.url("/metrics"), &[]).body;
+    assert!(
+        metrics.contains("rlshim_rls_requests_total{outcome=\"over_limit\"} 5\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("rlshim_rls_descriptors_total{outcome=\"over_limit\"} 5\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("rlshim_rls_requests_total{outcome=\"unauthorized\"} 0\n"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn exactly_the_limit_passes_across_two_envoys_of_two_workers() {
+    let redis = Redis::start();
+    let (_shim, grpc) = rls_shim(&redis.url(), &[]);
+    let upstream = Upstream::start();
+    let envoys = [
+        Envoy::start_bootstrap(&envoy_config(grpc.port, upstream.port, true)),
+        Envoy::start_bootstrap(&envoy_config(grpc.port, upstream.port, true)),
+    ];
+    let urls: Vec<String> = envoys.iter().map(|e| e.url("/global")).collect();
+    let replies = concurrently(160, move |i| get(&urls[i % 2], &[]));
+    assert_eq!(count_status(&replies, 200), 50, "{:?}", statuses(&replies));
+    assert_eq!(count_status(&replies, 429), 110);
+}
+
+/// Envoy applies its failure mode when the shim is gone, within the filter's timeout:
+/// `failure_mode_deny: false` lets requests through, `true` refuses them (500).
+#[test]
+fn a_killed_shim_leaves_each_envoy_to_its_failure_mode_within_the_timeout() {
+    let redis = Redis::start();
+    let (mut shim, grpc) = rls_shim(&redis.url(), &[]);
+    let upstream = Upstream::start();
+    let open = Envoy::start_bootstrap(&envoy_config(grpc.port, upstream.port, false));
+    let closed = Envoy::start_bootstrap(&envoy_config(grpc.port, upstream.port, true));
+    // Traffic on both while the shim is killed, each request its own API key (so every
+    // decision admits): every answer is a decision or the Envoy's failure mode, and none
+    // waits past the filter's timeout (1 s) by much.
+    let (open_url, closed_url) = (open.url("/key"), closed.url("/key"));
+    let traffic = std::thread::spawn(move || {
+        let started = Instant::now();
+        let mut seen = Vec::new();
+        let mut key = 0;
+        while started.elapsed() < Duration::from_secs(3) {
+            for (mode, url) in [("open", &open_url), ("closed", &closed_url)] {
+                key += 1;
+                let sent = Instant::now();
+                let status = get(url, &[("x-api-key", &format!("key-{key}"))]).status;
+                seen.push((mode, status, sent.elapsed()));
+            }
+        }
+        seen
+    });
+    wait_until("traffic decided by the shim", Duration::from_secs(10), || {
+        rls_calls(&shim, "ok") >= 10
+    });
+    shim.kill();
+    let seen = traffic.join().unwrap();
+    for (mode, status, took) in &seen {
+        let expected: &[u16] = if *mode == "open" { &[200] } else { &[200, 500] };
+        assert!(expected.contains(status), "{mode}: {status}");
+        assert!(
+            *took < Duration::from_millis(1_500),
+            "{mode}: answered in {took:?}"
+        );
+    }
+    assert!(seen
+        .iter()
+        .any(|(mode, status, _)| *mode == "closed" && *status == 500));
+
+    for _ in 0..5 {
+        let sent = Instant::now();
+        assert_eq!(get(&open.url("/ip"), &[]).status, 200, "failure_mode_deny: false");
+        assert_eq!(
+            get(&closed.url("/ip"), &[]).status,
+            500,
+            "failure_mode_deny: true"
+        );
+        assert!(sent.elapsed() < Duration::from_secs(3));
+    }
+}
+
+#[test]
+fn descriptors_on_different_cluster_slots_are_all_or_nothing_and_exact() {
+    let cluster = RedisCluster::start();
+    let (shim, grpc) = rls_shim(&cluster.urls(), &["--redis-mode", "cluster"]);
+    wait_until("shim ready on the cluster", Duration::from_secs(20), || {
+        get(&shim.url("/readyz"), &[]).status == 200
+    });
+    let upstream = Upstream::start();
+    let envoys = [
+        Envoy::start_bootstrap(&envoy_config(grpc.port, upstream.port, true)),
+        Envoy::start_bootstrap(&envoy_config(grpc.port, upstream.port, true)),
+    ];
+    // The API key's counter (3) and the shared one (1000) have their own hash tags.
+    let urls: Vec<String> = envoys.iter().map(|e| e.url("/both")).collect();
+    let replies = concurrently(40, move |i| get(&urls[i % 2], &[("x-api-key", "erin")]));
+    assert_eq!(count_status(&replies, 200), 3, "{:?}", statuses(&replies));
+    assert_eq!(count_status(&replies, 429), 37);
+    // The refused requests' charges on the shared counter were refunded: a new key sees
+    // exactly the three admitted ones taken from it.
+    let global = envoys[0].url("/global");
+    let exact = concurrently(80, move |_| get(&global, &[]));
+    assert_eq!(count_status(&exact, 200), 50, "{:?}", statuses(&exact));
+    let metrics = get(&shim.url("/metrics"), &[]).body;
+    assert!(metrics.contains("rlshim_refund_failures_total 0\n"), "{metrics}");
+    let shared_left = get(&envoys[1].url("/both"), &[("x-api-key", "frank")]);
+    assert_eq!(shared_left.status, 200);
+    assert!(
+        shared_left
+            .header("x-ratelimit-limit")
+            .unwrap()
+            .contains("1000;w=86400"),
+        "{shared_left:?}"
+    );
+}
+
+#[test]
+fn a_configuration_it_cannot_run_is_refused_at_start_naming_the_field() {
+    let dir = scratch("rls-refused");
+    let config = dir.join("limits.yaml");
+    fs::write(
+        &config,
+        "domain: edge\ndescriptors:\n  - key: api_key\n    quota_mode: true\n    rate_limit: { unit: day, requests_per_unit: 3 }\n",
+    )
+    .unwrap();
+    let args = redis_shim::cli::Args::try_parse_from([
+        "redis-shim",
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--rls-config",
+        config.to_str().unwrap(),
+    ])
+    .unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let refused = runtime
+        .block_on(redis_shim::run(
+            listener,
+            args.shim_config(),
+            std::future::pending(),
+        ))
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("descriptors[0].quota_mode"), "{refused}");
+    assert!(refused.contains("limits.yaml"), "{refused}");
+}
+
+#[test]
+fn the_example_envoy_rls_yaml_passes_envoy_validation() {
+    let (valid, output) = envoy_validate(&repo_root().join("envoy-rls.yaml"));
+    assert!(valid, "{output}");
+}
