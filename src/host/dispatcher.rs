@@ -15,7 +15,7 @@ use super::hostcalls::{
     RequestContexts,
 };
 use super::request_state::{PendingRequest, RequestState};
-use super::{log_skew, Worker};
+use super::Worker;
 use crate::batch::{Batch, Call};
 use crate::dispatch::call::{answers_per_request, call_headers};
 use crate::dispatch::leases::Waking;
@@ -325,23 +325,7 @@ impl Dispatcher {
         let shim_version = hostcalls::header(MapType::HttpCallResponseHeaders, VERSION_HEADER);
         let body = http_call_response_body(body_size);
         let outcome = read_batch_answer(status.as_deref(), &body, call.members.len());
-        // Only a shim's own answer says its version: Envoy's 503 or 504 says none.
-        if outcome.is_ok() {
-            log_skew(
-                worker
-                    .skew_log
-                    .borrow_mut()
-                    .shim_answered(shim_version.as_deref()),
-            );
-        }
-        let outcome = outcome.map(|read| {
-            // Returns and settlements the shim could not apply are lost, like a failed call's.
-            worker.stats.adjustments_lost(read.not_applied.len());
-            for what in &read.not_applied {
-                log_skew(worker.skew_log.borrow_mut().not_applied(what));
-            }
-            read.each
-        });
+        let outcome = worker.note_shim_answer(shim_version.as_deref(), outcome);
         let answers = answers_per_request(outcome, call.members.len());
         if answers.adjustments_lost {
             worker.stats.adjustments_lost(call.adjustments);

@@ -11,19 +11,21 @@ mod hostcalls;
 mod http;
 mod request_state;
 mod root;
+mod skew;
 mod stats;
 
 use crate::config::FilterConfig;
 use crate::events::Event;
 use crate::local::LocalLayer;
 use crate::settlement::BodyBudget;
-use crate::skew_log::{SkewLine, SkewLog};
+use crate::skew_log::SkewLog;
 use crate::stats::Count;
 use dispatcher::Dispatcher;
 use hostcalls::{log, SharedData};
 use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::LogLevel;
 use root::RateLimitRoot;
+use skew::log_skew;
 use stats::Stats;
 use std::cell::RefCell;
 
@@ -83,17 +85,5 @@ impl Worker {
                 Event::ReturnTokens(back) => self.dispatcher.give_back(back),
             }
         }
-    }
-}
-
-/// Logs what the worker's [`SkewLog`] says, when it says something.
-fn log_skew(line: Option<SkewLine>) {
-    if let Some(line) = line {
-        let level = if line.warning {
-            LogLevel::Warn
-        } else {
-            LogLevel::Info
-        };
-        log(level, &line.text);
     }
 }
