@@ -141,6 +141,14 @@ impl RlsConfig {
         Ok(())
     }
 
+    /// One file's configuration, for tests.
+    #[cfg(test)]
+    pub fn from_yaml(text: &str) -> RlsConfig {
+        let mut config = RlsConfig::default();
+        config.add_file(text).unwrap();
+        config
+    }
+
     /// Every limit configured, for the warnings given at start.
     pub fn limits(&self) -> Vec<&Limit> {
         fn walk<'a>(node: &'a Node, out: &mut Vec<&'a Limit>) {
@@ -361,10 +369,8 @@ mod tests {
 
     #[test]
     fn envoyproxy_ratelimit_fields_load() {
-        let mut config = RlsConfig::default();
-        config
-            .add_file(
-                r#"
+        let config = RlsConfig::from_yaml(
+            r#"
 domain: edge
 descriptors:
   - key: api_key
@@ -379,8 +385,7 @@ descriptors:
       - key: user
         rate_limit: { unit: year, requests_per_unit: 0, algorithm: token_bucket }
 "#,
-            )
-            .unwrap();
+        );
         let edge = &config.domains["edge"];
         let per_key = edge.children["api_key"].limit.as_ref().unwrap();
         assert_eq!(per_key.path, "edge.api_key");

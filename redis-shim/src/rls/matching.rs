@@ -27,10 +27,8 @@ mod tests {
     use super::*;
 
     fn config() -> RlsConfig {
-        let mut config = RlsConfig::default();
-        config
-            .add_file(
-                r#"
+        RlsConfig::from_yaml(
+            r#"
 domain: edge
 descriptors:
   - key: remote_address
@@ -45,9 +43,7 @@ descriptors:
       - key: user
         rate_limit: { unit: hour, requests_per_unit: 7 }
 "#,
-            )
-            .unwrap();
-        config
+        )
     }
 
     fn rpu(limit: Option<&Limit>) -> Option<u32> {

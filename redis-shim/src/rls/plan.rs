@@ -307,10 +307,8 @@ mod tests {
     use envoy_types::pb::google::protobuf::UInt64Value;
 
     fn config() -> RlsConfig {
-        let mut config = RlsConfig::default();
-        config
-            .add_file(
-                r#"
+        RlsConfig::from_yaml(
+            r#"
 domain: edge
 descriptors:
   - key: api_key
@@ -325,9 +323,7 @@ descriptors:
   - key: internal
     rate_limit: { unlimited: true }
 "#,
-            )
-            .unwrap();
-        config
+        )
     }
 
     fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
