@@ -60,61 +60,28 @@ fn envoy_config(grpc_port: u16, upstream_port: u16, failure_mode_deny: bool) -> 
     };
     let api_key = json!({ "request_headers": { "header_name": "x-api-key", "descriptor_key": "api_key" } });
     let generic = |value: &str| json!({ "generic_key": { "descriptor_value": value } });
-    json!({
-        "static_resources": {
-            "listeners": [{
-                "name": "test",
-                "address": loopback(0),
-                "filter_chains": [{ "filters": [{
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                        "stat_prefix": "test",
-                        "route_config": { "virtual_hosts": [{
-                            "name": "test", "domains": ["*"],
-                            "routes": [
-                                route("/key", vec![api_key.clone()]),
-                                route("/ip", vec![json!({ "remote_address": {} })]),
-                                route("/global", vec![generic("global")]),
-                                route("/both", vec![api_key, generic("shared")]),
-                            ]
-                        }]},
-                        "http_filters": [
-                            { "name": "envoy.filters.http.ratelimit",
-                              "typed_config": {
-                                "@type": "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit",
-                                "domain": "edge",
-                                "timeout": "1s",
-                                "failure_mode_deny": failure_mode_deny,
-                                "enable_x_ratelimit_headers": "DRAFT_VERSION_03",
-                                "rate_limit_service": {
-                                    "transport_api_version": "V3",
-                                    "grpc_service": {
-                                        "envoy_grpc": { "cluster_name": "rls" },
-                                        "initial_metadata": [{ "key": "x-ratelimit-token", "value": TOKEN }]
-                                    }
-                                }
-                              } },
-                            { "name": "envoy.filters.http.router",
-                              "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" } }
-                        ]
-                    }
-                }]}]
-            }],
-            "clusters": [
-                { "name": "rls", "type": "STATIC", "connect_timeout": "0.25s",
-                  "typed_extension_protocol_options": { "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                      "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                      "explicit_http_config": { "http2_protocol_options": {} } } },
-                  "load_assignment": { "cluster_name": "rls",
-                      "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": loopback(grpc_port) } }] }] } },
-                { "name": "upstream", "type": "STATIC", "connect_timeout": "1s",
-                  "load_assignment": { "cluster_name": "upstream",
-                      "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": loopback(upstream_port) } }] }] } }
-            ]
-        },
-        "admin": { "address": loopback(0) }
-    })
+    let filter = json!({ "name": "envoy.filters.http.ratelimit",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit",
+            "domain": "edge",
+            "timeout": "1s",
+            "failure_mode_deny": failure_mode_deny,
+            "enable_x_ratelimit_headers": "DRAFT_VERSION_03",
+            "rate_limit_service": {
+                "transport_api_version": "V3",
+                "grpc_service": {
+                    "envoy_grpc": { "cluster_name": "rls" },
+                    "initial_metadata": [{ "key": "x-ratelimit-token", "value": TOKEN }]
+                }
+            }
+        } });
+    let routes = json!([
+        route("/key", vec![api_key.clone()]),
+        route("/ip", vec![json!({ "remote_address": {} })]),
+        route("/global", vec![generic("global")]),
+        route("/both", vec![api_key, generic("shared")]),
+    ]);
+    native_filter_bootstrap(filter, routes, "rls", grpc_port, upstream_port)
 }
 
 /// `rlshim_rls_requests_total` of `outcome`, from the shim's metrics.

@@ -320,6 +320,17 @@ fn access_refusal(config: &ShimConfig, access: Access, headers: &HeaderMap) -> O
     })
 }
 
+impl Shim {
+    /// Whether a caller presenting `presented` (absent: an empty token) may be served:
+    /// always without `--token`, else when it is the token.
+    pub fn accepts_token(&self, presented: &[u8]) -> bool {
+        self.config
+            .token
+            .as_ref()
+            .is_none_or(|token| constant_time_eq(presented, token.as_bytes()))
+    }
+}
+
 /// Compares in time independent of where the inputs differ.
 pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

@@ -36,7 +36,8 @@
 //!   or cluster) store, over [`redis_connection`].
 //! - [`scripts`]: the Lua scripts, their arguments and replies.
 //! - [`rls`]: Envoy's rate-limit service over gRPC (`--grpc-listen`), from an
-//!   envoyproxy/ratelimit configuration, deciding on the same path as `check`.
+//!   envoyproxy/ratelimit configuration, deciding on the same path as `check`;
+//!   [`rlqs`]: its quota service on the same port ([`grpc`]), granting tokens as leases.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
@@ -55,12 +56,14 @@ pub mod decision;
 pub mod endpoint;
 #[cfg(test)]
 mod fake_store;
+mod grpc;
 pub mod metrics;
 mod operator;
 pub mod peek;
 pub mod redis_connection;
 pub mod redis_store;
 pub mod refund;
+pub mod rlqs;
 pub mod rls;
 pub mod routes;
 pub mod scripts;

@@ -1,6 +1,7 @@
 //! The shim's Prometheus metrics: plain atomics, rendered in the text exposition format
 //! on `GET /metrics`. Fixed label sets, so nothing grows with traffic.
 
+use crate::rlqs::metrics::RlqsMetrics;
 use crate::rls::metrics::RlsMetrics;
 use ratelimit_wire::Algorithm;
 use std::fmt::Write;
@@ -158,6 +159,8 @@ pub struct Metrics {
     redis_latency: Histogram,
     /// The rate-limit service's own (`--grpc-listen`).
     pub rls: RlsMetrics,
+    /// The quota service's own (`--grpc-listen`).
+    pub rlqs: RlqsMetrics,
 }
 
 fn algorithm_index(algorithm: Algorithm) -> usize {
@@ -331,6 +334,7 @@ impl Metrics {
             );
         }
         self.rls.render(&mut out);
+        self.rlqs.render(&mut out);
         out
     }
 }

@@ -46,7 +46,7 @@ pub async fn run(
     let app = routes::router(shim.clone());
     let (stop_rls, rls_stopping) = tokio::sync::watch::channel(false);
     let rls = match &shim.config.rls {
-        Some(options) => Some(crate::rls::start(options, shim.clone(), rls_stopping).await?),
+        Some(options) => Some(crate::grpc::start(options, shim.clone(), rls_stopping).await?),
         None => None,
     };
 

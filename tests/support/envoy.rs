@@ -381,3 +381,48 @@ fn write_lds(dir: &Path, response: &Value) {
     fs::write(&staged, serde_json::to_vec_pretty(response).unwrap()).unwrap();
     fs::rename(&staged, dir.join("watched/lds.json")).unwrap();
 }
+
+/// A bootstrap with Envoy's own `http_filter` (the rate-limit or quota filter) before the
+/// router, `routes` to a real upstream on `upstream_port` (HTTP/1.1), and a gRPC (HTTP/2)
+/// cluster `grpc_cluster` to the shim's `--grpc-listen` on `grpc_port`.
+pub fn native_filter_bootstrap(
+    http_filter: Value,
+    routes: Value,
+    grpc_cluster: &str,
+    grpc_port: u16,
+    upstream_port: u16,
+) -> Value {
+    json!({
+        "static_resources": {
+            "listeners": [{
+                "name": "test",
+                "address": loopback(0),
+                "filter_chains": [{ "filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "test",
+                        "route_config": { "virtual_hosts": [{ "name": "test", "domains": ["*"], "routes": routes }] },
+                        "http_filters": [
+                            http_filter,
+                            { "name": "envoy.filters.http.router",
+                              "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" } }
+                        ]
+                    }
+                }]}]
+            }],
+            "clusters": [
+                { "name": grpc_cluster, "type": "STATIC", "connect_timeout": "0.25s",
+                  "typed_extension_protocol_options": { "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                      "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                      "explicit_http_config": { "http2_protocol_options": {} } } },
+                  "load_assignment": { "cluster_name": grpc_cluster,
+                      "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": loopback(grpc_port) } }] }] } },
+                { "name": "upstream", "type": "STATIC", "connect_timeout": "1s",
+                  "load_assignment": { "cluster_name": "upstream",
+                      "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": loopback(upstream_port) } }] }] } }
+            ]
+        },
+        "admin": { "address": loopback(0) }
+    })
+}

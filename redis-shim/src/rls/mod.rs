@@ -10,7 +10,8 @@
 //! - [`service`]: the gRPC service (token, in-flight bound, decision);
 //! - [`metrics`]: its counters on `GET /metrics`.
 //!
-//! [`start`] loads the configuration, binds the listener and serves until told to stop.
+//! [`crate::grpc`] serves it, beside the quota service ([`crate::rlqs`]) that reads the
+//! same configuration.
 
 pub mod config;
 pub mod counter_key;
@@ -18,54 +19,3 @@ pub mod matching;
 pub mod metrics;
 pub mod plan;
 pub mod service;
-
-use crate::config::RlsOptions;
-use crate::endpoint::Shim;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
-use service::RlsService;
-use std::sync::Arc;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-
-/// Loads the configuration and serves the rate-limit service on its own listener until
-/// `stop` turns true. Refuses (before serving anything) a configuration it cannot run.
-pub async fn start(
-    options: &RlsOptions,
-    shim: Arc<Shim>,
-    mut stop: watch::Receiver<bool>,
-) -> Result<JoinHandle<()>, Box<dyn std::error::Error + Send + Sync>> {
-    let config = config::load(&options.config_path).map_err(|e| format!("--rls-config: {e}"))?;
-    for limit in config.limits() {
-        if limit.detailed_metric {
-            tracing::warn!(
-                limit = %limit.path,
-                "detailed_metric: accepted, but no per-value series are kept (their number grows with traffic and values can be secrets); the limit counts in rlshim_rls_descriptors_total"
-            );
-        }
-    }
-    let listener = tokio::net::TcpListener::bind(options.listen)
-        .await
-        .map_err(|e| format!("--grpc-listen {}: {e}", options.listen))?;
-    tracing::info!(
-        listen = %listener.local_addr()?,
-        domains = config.domains.len(),
-        "rate-limit service listening"
-    );
-    let service = RlsService {
-        shim,
-        config: Arc::new(config),
-    };
-    let server = tonic::transport::Server::builder()
-        .add_service(RateLimitServiceServer::new(service))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            async move {
-                let _ = stop.wait_for(|stopped| *stopped).await;
-            },
-        );
-    Ok(tokio::spawn(async move {
-        if let Err(error) = server.await {
-            tracing::error!(%error, "the rate-limit service failed");
-        }
-    }))
-}

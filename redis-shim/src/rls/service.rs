@@ -11,7 +11,7 @@ use super::plan::{answer, plan, Plan, Planned};
 use crate::admission::OVERLOADED;
 use crate::check::respond;
 use crate::decision;
-use crate::endpoint::{constant_time_eq, Shim};
+use crate::endpoint::Shim;
 use crate::scripts::Mode;
 use crate::store::{check_group, Store, StoreError};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -35,18 +35,11 @@ impl RateLimitService for RlsService {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let rls = &self.shim.metrics.rls;
-        if let Some(token) = &self.shim.config.token {
-            let presented = request
-                .metadata()
-                .get(TOKEN_HEADER)
-                .map(|v| v.as_bytes())
-                .unwrap_or_default();
-            if !constant_time_eq(presented, token.as_bytes()) {
-                rls.call(CallOutcome::Unauthorized);
-                return Err(Status::unauthenticated(format!(
-                    "missing or wrong {TOKEN_HEADER}"
-                )));
-            }
+        if !self.shim.accepts_token(presented_token(request.metadata())) {
+            rls.call(CallOutcome::Unauthorized);
+            return Err(Status::unauthenticated(format!(
+                "missing or wrong {TOKEN_HEADER}"
+            )));
         }
         let Some(_permit) = self.shim.admission.try_admit() else {
             rls.call(CallOutcome::Overloaded);
@@ -129,6 +122,14 @@ async fn peek<S: Store>(
         }
     }
     Ok(results)
+}
+
+/// The caller's token, as gRPC metadata carries it (empty when absent).
+pub fn presented_token(metadata: &tonic::metadata::MetadataMap) -> &[u8] {
+    metadata
+        .get(TOKEN_HEADER)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default()
 }
 
 fn now_ms() -> u64 {

@@ -1,0 +1,62 @@
+//! The gRPC listener (`--grpc-listen`): Envoy's rate-limit service ([`crate::rls`]) and
+//! its quota service ([`crate::rlqs`]) on one port, both deciding against the limits of
+//! `--rls-config`. [`start`] loads that configuration (refusing at start what it cannot
+//! run), binds the listener and serves until told to stop.
+
+use crate::config::RlsOptions;
+use crate::endpoint::Shim;
+use crate::rlqs::service::RlqsService;
+use crate::rls::config;
+use crate::rls::service::RlsService;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Loads the configuration and serves both services on their own listener until `stop`
+/// turns true. Refuses (before serving anything) a configuration it cannot run.
+pub async fn start(
+    options: &RlsOptions,
+    shim: Arc<Shim>,
+    stop: watch::Receiver<bool>,
+) -> Result<JoinHandle<()>, Box<dyn std::error::Error + Send + Sync>> {
+    let config = config::load(&options.config_path).map_err(|e| format!("--rls-config: {e}"))?;
+    for limit in config.limits() {
+        if limit.detailed_metric {
+            tracing::warn!(
+                limit = %limit.path,
+                "detailed_metric: accepted, but no per-value series are kept (their number grows with traffic and values can be secrets); the limit counts in rlshim_rls_descriptors_total"
+            );
+        }
+    }
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .map_err(|e| format!("--grpc-listen {}: {e}", options.listen))?;
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        domains = config.domains.len(),
+        "rate-limit and quota services listening"
+    );
+    let config = Arc::new(config);
+    let rls = RlsService {
+        shim: shim.clone(),
+        config: config.clone(),
+    };
+    let rlqs = RlqsService::new(shim, config, stop.clone());
+    let mut stopped = stop;
+    let server = tonic::transport::Server::builder()
+        .add_service(RateLimitServiceServer::new(rls))
+        .add_service(RateLimitQuotaServiceServer::new(rlqs))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            async move {
+                let _ = stopped.wait_for(|stopped| *stopped).await;
+            },
+        );
+    Ok(tokio::spawn(async move {
+        if let Err(error) = server.await {
+            tracing::error!(%error, "the gRPC services failed");
+        }
+    }))
+}
