@@ -200,3 +200,9 @@ fn a_stream_that_ends_gives_back_what_its_grant_held() {
     );
     assert_eq!(shim_metric(&shim, "rlshim_rlqs_streams_open"), 1);
 }
+
+#[test]
+fn the_example_envoy_rlqs_yaml_passes_envoy_validation() {
+    let (valid, output) = envoy_validate(&repo_root().join("envoy-rlqs.yaml"));
+    assert!(valid, "{output}");
+}
