@@ -37,3 +37,5 @@ bench/.venv/bin/python bench/redis_work.py
 bench/.venv/bin/python bench/coalescing.py
 # The same paths a network hop away (bench/delay_proxy.rs, built here with rustc).
 bench/.venv/bin/python bench/distance.py
+# Envoy's native rate-limit filter through the shim's gRPC service, against the Wasm filter.
+bench/.venv/bin/python bench/rls.py

@@ -368,14 +368,14 @@ class RedisCluster:
 
 
 class Shim:
-    def __init__(self, procs, redis_port, workers=None, cluster=None):
+    def __init__(self, procs, redis_port, workers=None, cluster=None, extra=()):
         self.port = free_port()
         env = dict(os.environ, RUST_LOG="warn")
         if workers:
             env["TOKIO_WORKER_THREADS"] = str(workers)  # read by tokio's multi-thread runtime
         redis = (["--redis-mode", "cluster", "--redis-url", ",".join(f"redis://{a}" for a in cluster.addresses())]
                  if cluster else ["--redis-url", f"redis://127.0.0.1:{redis_port}"])
-        self.process = procs.start([SHIM_BIN, "--listen", f"127.0.0.1:{self.port}", *redis],
+        self.process = procs.start([SHIM_BIN, "--listen", f"127.0.0.1:{self.port}", *redis, *extra],
                                    OUT / ("shim-cluster.log" if cluster else "shim.log"), core=LOAD_CORE, env=env)
         if not wait_until("shim", lambda: "ok" in http_get(f"http://127.0.0.1:{self.port}/healthz"),
                           10, self.process):
@@ -383,11 +383,15 @@ class Shim:
 
 
 class Envoy:
-    def __init__(self, procs, name, filters, shim_port):
+    def __init__(self, procs, name, filters, shim_port, shape=None):
+        """`shape`, when given, changes the bootstrap (a dict) before Envoy reads it."""
         self.procs = procs
         self.port, self.admin = free_port(), free_port()
         config = OUT / f"envoy-{name}.json"
-        config.write_text(json.dumps(envoy_config(self.port, self.admin, shim_port, filters, name), indent=1))
+        bootstrap = envoy_config(self.port, self.admin, shim_port, filters, name)
+        if shape:
+            shape(bootstrap)
+        config.write_text(json.dumps(bootstrap, indent=1))
         self.log = OUT / f"envoy-{name}.log"
         # Python stays Envoy's parent for its whole life (Envoy stops when its parent does).
         self.process = procs.start([ENVOY_BIN, "-c", str(config.relative_to(ROOT)), "--concurrency", "1",

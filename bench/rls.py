@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""The native rate-limit filter through the shim against the Wasm filter's exact path
+(`make bench`; bench/RESULTS.md, "Native filter").
+
+Three Envoys in turn, each with one worker on core 0 and a route to a cluster (the native
+filter applies rate limits only there; Envoy's fault filter answers in place of the
+upstream), measured from core 1 in one run:
+
+  - `baseline_cluster`: no limiter;
+  - `wasm_exact_cluster`: the Wasm filter, one exact token-bucket rule on `x-api-key`;
+  - `native_rls_cluster`: Envoy's `envoy.filters.http.ratelimit` with a `request_headers`
+    action on `x-api-key`, calling the same shim's `--grpc-listen` (HTTP/2), whose
+    `--rls-config` counts that descriptor in a token bucket of the same limit.
+
+For each: closed-loop throughput (wrk, 32 connections) as a share of the baseline's, and at
+a fixed rate (oha, 2,000 req/s, 32 connections) p50/p99 and CPU per request of Envoy, of the
+shim and of Redis. `--runs` repeats the three (alternate runs reversed). Writes
+bench/out/rls.json and bench/out/rls.md.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run as bench  # noqa: E402  (the sweep's processes, configs and counters)
+
+CONNECTIONS = 32
+LIMITS = f"""domain: bench
+descriptors:
+  - key: api_key
+    rate_limit: {{ unit: second, requests_per_unit: {bench.ADMIT_ALL}, algorithm: token_bucket }}
+"""
+
+
+def wasm_exact():
+    rule = {"name": "bench", "key": [{"header": "x-api-key"}], "limit": bench.ADMIT_ALL, "period": "1s"}
+    return [bench.wasm_filter("ratelimit", bench.RATELIMIT_WASM,
+                              {"shim_cluster": "ratelimit_shim", "rules": [rule]})]
+
+
+NATIVE_FILTER = {
+    "name": "envoy.filters.http.ratelimit",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit",
+        "domain": "bench",
+        # As the Wasm filter's default timeout, and failing open like it.
+        "timeout": "0.05s",
+        "failure_mode_deny": False,
+        "rate_limit_service": {"transport_api_version": "V3",
+                               "grpc_service": {"envoy_grpc": {"cluster_name": "ratelimit_shim"}}},
+    },
+}
+
+
+def to_grpc(grpc_port):
+    """The route's rate-limit action, and the shim's cluster pointed at its gRPC listener."""
+    def shape(bootstrap):
+        manager = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        route = manager["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+        route["rate_limits"] = [{"actions": [{"request_headers": {"header_name": "x-api-key",
+                                                                  "descriptor_key": "api_key"}}]}]
+        cluster = next(c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "ratelimit_shim")
+        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] = bench.address(grpc_port)
+        options = cluster.setdefault("typed_extension_protocol_options", {}).setdefault(
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            {"@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"})
+        options["explicit_http_config"] = {"http2_protocol_options": {}}
+        options.pop("common_http_protocol_options", None)
+    return shape
+
+
+def measure(procs, name, filters, shim, redis, args, shape=None):
+    redis.flush()
+    envoy = bench.Envoy(procs, name, filters, shim.port, shape)
+    if not envoy.ready:
+        sys.exit(f"bench: Envoy did not start for {name}: {envoy.why_not_ready()}")
+    try:
+        url = f"http://127.0.0.1:{envoy.port}/"
+        headers = [f"x-api-key: {bench.API_KEY}"]
+        bench.wrk(url, 1, headers=headers)  # warm-up: connections, JIT
+        before = bench.Snapshot(envoy, shim, redis)
+        closed = bench.wrk(url, args.duration, connections=CONNECTIONS, headers=headers)
+        closed.update(bench.delta(before, bench.Snapshot(envoy, shim, redis)))
+        before = bench.Snapshot(envoy, shim, redis)
+        fixed = bench.oha_fixed_rate(url, args.duration, args.rate, headers, CONNECTIONS)
+        fixed.update(bench.delta(before, bench.Snapshot(envoy, shim, redis)))
+        stats = envoy.stats()
+        fixed["native_errors"] = stats.get("cluster.ratelimit_shim.ratelimit.error", 0) + stats.get(
+            "cluster.ratelimit_shim.ratelimit.failure_mode_allowed", 0)
+    finally:
+        envoy.stop()
+    return {"closed": closed, "fixed": fixed}
+
+
+def table(runs):
+    names = ["baseline_cluster", "wasm_exact_cluster", "native_rls_cluster"]
+    lines = ["| configuration | share of baseline throughput | p50 ms | p99 ms | Envoy CPU µs/req "
+             "(over baseline) | shim µs/req | Redis µs/req | shim calls/req | errors |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        base = run["baseline_cluster"]
+        for name in names:
+            row = run[name]
+            fixed, closed = row["fixed"], row["closed"]
+            p = fixed["latency_ms"]
+            over = (fixed["envoy_cpu_us_per_req"] or 0) - (base["fixed"]["envoy_cpu_us_per_req"] or 0)
+            errors = fixed["native_errors"] + fixed["shim_errors"] + fixed["failed_open"]
+            lines.append(
+                f"| {name} | {closed['rps'] / base['closed']['rps']:.2f} | {p.get('p50', 0):.3f} | "
+                f"{p.get('p99', 0):.3f} | {fixed['envoy_cpu_us_per_req'] or 0:.1f} ({over:+.1f}) | "
+                f"{fixed['shim_cpu_us_per_req'] or 0:.1f} | {fixed['redis_cpu_us_per_req'] or 0:.1f} | "
+                f"{fixed['shim_calls_per_req'] or 0:.3f} | {errors} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=int, default=4, help="seconds per measurement")
+    parser.add_argument("--rate", type=int, default=2000, help="fixed request rate")
+    parser.add_argument("--runs", type=int, default=2, help="times the three are measured")
+    args = parser.parse_args()
+    bench.OUT.mkdir(parents=True, exist_ok=True)
+    limits = bench.OUT / "rls-limits.yaml"
+    limits.write_text(LIMITS)
+    procs = bench.Processes()
+    runs = []
+    try:
+        redis = bench.Redis(procs)
+        grpc_port = bench.free_port()
+        shim = bench.Shim(procs, redis.port, extra=("--grpc-listen", f"127.0.0.1:{grpc_port}",
+                                                    "--rls-config", str(limits)))
+        configs = [("baseline_cluster", [], None), ("wasm_exact_cluster", wasm_exact(), None),
+                   ("native_rls_cluster", [NATIVE_FILTER], to_grpc(grpc_port))]
+        for run in range(args.runs):
+            print(f"native filter: run {run + 1}", flush=True)
+            results = {}
+            for name, filters, shape in (configs if run % 2 == 0 else configs[::-1]):
+                results[name] = measure(procs, name, filters, shim, redis, args, shape)
+                fixed = results[name]["fixed"]
+                print(f"  {name:19} {results[name]['closed']['rps']:8.0f} req/s  "
+                      f"p50 {fixed['latency_ms'].get('p50', 0):.3f} ms  "
+                      f"envoy {fixed['envoy_cpu_us_per_req'] or 0:.1f} us/req", flush=True)
+            runs.append(results)
+    finally:
+        procs.stop_all()
+    (bench.OUT / "rls.json").write_text(json.dumps(runs, indent=1))
+    (bench.OUT / "rls.md").write_text(table(runs))
+    print()
+    print(table(runs))
+
+
+if __name__ == "__main__":
+    main()
