@@ -11,6 +11,7 @@ use crate::rls::service::RlsService;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -46,6 +47,10 @@ pub async fn start(
     let rlqs = RlqsService::new(shim, config, stop.clone());
     let mut stopped = stop;
     let server = tonic::transport::Server::builder()
+        // A quota stream's grants go back only when the stream ends: a peer that vanished
+        // without closing its connection (a host gone, a partition) must end it too.
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(5)))
         .add_service(RateLimitServiceServer::new(rls))
         .add_service(RateLimitQuotaServiceServer::new(rlqs))
         .serve_with_incoming_shutdown(
