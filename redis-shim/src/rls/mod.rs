@@ -6,6 +6,7 @@
 //! - [`config`]: the YAML into descriptor trees, every unsupported field refused by name;
 //! - [`matching`]: which limit a descriptor falls under;
 //! - [`counter_key`]: its counter's Redis key, hashed;
+//! - [`filter_rule`]: a limit sharing a Wasm filter rule's counter (mixed fleets);
 //! - [`plan`]: a request into checks, and their results into the answer (no I/O);
 //! - [`service`]: the gRPC service (token, in-flight bound, decision);
 //! - [`metrics`]: its counters on `GET /metrics`.
@@ -14,6 +15,7 @@
 
 pub mod config;
 pub mod counter_key;
+pub mod filter_rule;
 pub mod matching;
 pub mod metrics;
 pub mod plan;
@@ -34,13 +36,18 @@ pub async fn start(
     shim: Arc<Shim>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, Box<dyn std::error::Error + Send + Sync>> {
-    let config = config::load(&options.config_path).map_err(|e| format!("--rls-config: {e}"))?;
+    let config = load_config(options)?;
     for limit in config.limits() {
         if limit.detailed_metric {
             tracing::warn!(
                 limit = %limit.path,
                 "detailed_metric: accepted, but no per-value series are kept (their number grows with traffic and values can be secrets); the limit counts in rlshim_rls_descriptors_total"
             );
+        }
+    }
+    for limit in config.limits() {
+        if let Some(shared) = &limit.shared {
+            tracing::info!(limit = %limit.path, rule = %shared.rule, "shares the filter rule's counter");
         }
     }
     let listener = tokio::net::TcpListener::bind(options.listen)
@@ -68,4 +75,23 @@ pub async fn start(
             tracing::error!(%error, "the rate-limit service failed");
         }
     }))
+}
+
+/// `--rls-config`, with `--rls-filter-config` for the `filter_rule`s it names. Not async:
+/// the filter's configuration is not `Send` and is dropped once the limits are linked.
+fn load_config(options: &RlsOptions) -> Result<config::RlsConfig, String> {
+    let filter = match &options.filter_config_path {
+        Some(path) => {
+            Some(filter_rule::load_filter_config(path).map_err(|e| format!("--rls-filter-config: {e}"))?)
+        }
+        None => None,
+    };
+    let config =
+        config::load(&options.config_path, filter.as_ref()).map_err(|e| format!("--rls-config: {e}"))?;
+    if filter.is_some() && config.limits().iter().all(|limit| limit.shared.is_none()) {
+        tracing::warn!(
+            "--rls-filter-config is given but no rate_limit names a filter_rule: nothing is shared"
+        );
+    }
+    Ok(config)
 }
