@@ -3,7 +3,8 @@
 //! descriptors decided against a configuration in envoyproxy/ratelimit's YAML format, on
 //! the same Redis functions and decision path as the filter's checks (`docs/RLS.md`).
 //!
-//! - [`config`]: the YAML into descriptor trees, every unsupported field refused by name;
+//! - [`config`]: the YAML into descriptor trees, every unsupported field refused by name
+//!   ([`unit`]: its units);
 //! - [`matching`]: which limit a descriptor falls under;
 //! - [`counter_key`]: its counter's Redis key, hashed;
 //! - [`filter_rule`]: a limit sharing a Wasm filter rule's counter (mixed fleets);
@@ -20,6 +21,7 @@ pub mod matching;
 pub mod metrics;
 pub mod plan;
 pub mod service;
+pub mod unit;
 
 use crate::config::RlsOptions;
 use crate::endpoint::Shim;
