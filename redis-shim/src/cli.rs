@@ -204,6 +204,18 @@ mod tests {
         let both = args(&["--grpc-listen", "127.0.0.1:8081", "--rls-config", "rls.yaml"]);
         let rls = both.shim_config().rls.unwrap();
         assert_eq!(rls.listen.port(), 8081);
+        assert_eq!(rls.filter_config_path, None);
         assert!(args(&[]).shim_config().rls.is_none());
+        assert!(parse(&["--rls-filter-config", "plugin.json"]).is_err());
+        let sharing = args(&[
+            "--grpc-listen",
+            "127.0.0.1:8081",
+            "--rls-config",
+            "rls.yaml",
+            "--rls-filter-config",
+            "plugin.json",
+        ]);
+        let path = sharing.shim_config().rls.unwrap().filter_config_path;
+        assert_eq!(path, Some(PathBuf::from("plugin.json")));
     }
 }
