@@ -208,8 +208,9 @@ fn load_descriptors(
         Some(Value::Sequence(list)) => list,
         Some(_) => return Err(format!("{at}: must be a list")),
     };
-    // A value limited apart beside a value-less descriptor sharing a filter rule would
-    // give that client one limit per path: the filter counts it under the rule.
+    // A value counted apart beside a value-less descriptor sharing a filter rule would
+    // give that client one limit per path: the filter counts it under the rule. (A value
+    // unlimited here is unlimited already: the filter's limit only narrows it.)
     let mut valued_keys = std::collections::HashSet::new();
     let mut shared_keys = Vec::new();
     for (i, item) in list.iter().enumerate() {
@@ -239,9 +240,6 @@ fn load_descriptors(
             return Err(format!(
                 "{at}.value: wildcard values ({value:?}) are not supported"
             ));
-        }
-        if !value.is_empty() {
-            valued_keys.insert(key.clone());
         }
         let position = Position {
             key: &key,
@@ -281,6 +279,9 @@ fn load_descriptors(
                 limit.shared = Some(share(context.filter, rule, &limit, &position, &limit_at)?);
                 shared_keys.push((key.clone(), limit_at));
             }
+            if limit.rate.is_some() && !value.is_empty() {
+                valued_keys.insert(key.clone());
+            }
             node.limit = Some(limit);
         }
         load_descriptors(
@@ -295,7 +296,7 @@ fn load_descriptors(
     for (key, limit_at) in shared_keys {
         if valued_keys.contains(&key) {
             return Err(format!(
-                "{limit_at}.filter_rule: another descriptor limits a value of {key:?} apart; the filter counts every value under the rule's one limit, so that client would pass both"
+                "{limit_at}.filter_rule: another descriptor counts a value of {key:?} apart; the filter counts every value under the rule's one limit, so that client would pass both"
             ));
         }
     }

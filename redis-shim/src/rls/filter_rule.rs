@@ -14,6 +14,7 @@ use super::config::{Limit, RlsConfig};
 use ratelimit_rules::attributes::GivenRequest;
 use ratelimit_rules::config::{FilterConfig, Rule, Scope};
 use ratelimit_rules::keys::{counter_key, KeyPart};
+use ratelimit_wire::Algorithm;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -124,10 +125,18 @@ pub fn share(
         return refuse(reason);
     }
     if rule.algorithm != rate.algorithm {
+        let remedy = match rule.algorithm {
+            Algorithm::FixedWindow | Algorithm::TokenBucket => {
+                format!(
+                    "set `algorithm: {}` to share its counter",
+                    rule.algorithm.as_str()
+                )
+            }
+            _ => "which no descriptor counts".to_string(),
+        };
         return Err(format!(
-            "{at}.algorithm: {} here, but rule {rule_name:?} is a {}: set `algorithm: {}` to share its counter",
+            "{at}.algorithm: {} here, but rule {rule_name:?} is a {}: {remedy}",
             rate.algorithm.as_str(),
-            rule.algorithm.as_str(),
             rule.algorithm.as_str(),
         ));
     }
@@ -224,7 +233,8 @@ mod tests {
                     {"name": "costly", "key": [{"header": "x-user"}], "limit": 5, "period": "1m", "cost": 2},
                     {"name": "calendar", "key": [{"header": "x-user"}], "limit": 5, "calendar": "day"},
                     {"name": "local", "key": [{"header": "x-user"}], "limit": 5, "period": "1m", "scope": "local"},
-                    {"name": "shadow", "key": [{"header": "x-user"}], "limit": 5, "period": "1m", "shadow": true}
+                    {"name": "shadow", "key": [{"header": "x-user"}], "limit": 5, "period": "1m", "shadow": true},
+                    {"name": "sliding", "key": [{"header": "x-user"}], "algorithm": "sliding_window_log", "limit": 5, "period": "1m"}
                 ]
             }"#,
         )
@@ -342,6 +352,7 @@ descriptors:
             (one("{ unit: minute, requests_per_unit: 5, algorithm: token_bucket, filter_rule: local }"), "scope local"),
             (one("{ unit: second, requests_per_unit: 10, filter_rule: per-ip }"), "only a `remote_address` descriptor"),
             (one("{ unit: minute, requests_per_unit: 5, filter_rule: per-key }"), "descriptors[0].rate_limit.algorithm: fixed_window here, but rule \"per-key\" is a token_bucket"),
+            (one("{ unit: minute, requests_per_unit: 5, filter_rule: sliding }"), "is a sliding_window_log: which no descriptor counts"),
             (one("{ unit: minute, requests_per_unit: 6, algorithm: token_bucket, filter_rule: per-key }"), "descriptors[0].rate_limit.requests_per_unit: 6 here"),
             (one("{ unit: hour, requests_per_unit: 5, algorithm: token_bucket, filter_rule: per-key }"), "descriptors[0].rate_limit.unit"),
             (one("{ unit: minute, requests_per_unit: 5, algorithm: token_bucket, filter_rule: shadow }"), "has shadow true, this descriptor shadow_mode false"),
@@ -359,7 +370,7 @@ descriptors:
             ),
             (
                 "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 5, algorithm: token_bucket, filter_rule: per-key }\n  - key: user\n    value: partner\n    rate_limit: { unit: minute, requests_per_unit: 500 }\n".into(),
-                "descriptors[0].rate_limit.filter_rule: another descriptor limits a value of \"user\" apart",
+                "descriptors[0].rate_limit.filter_rule: another descriptor counts a value of \"user\" apart",
             ),
             (
                 "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 5, algorithm: token_bucket, filter_rule: per-key }\n  - key: key2\n    rate_limit: { unit: minute, requests_per_unit: 5, algorithm: token_bucket, filter_rule: per-key }\n".into(),
@@ -373,6 +384,8 @@ descriptors:
                 "{yaml}\n{message}\nshould name {expected}"
             );
         }
+        // A value left unlimited beside it is allowed: the filter only narrows it.
+        assert!(load("domain: edge\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 5, algorithm: token_bucket, filter_rule: per-key }\n  - key: user\n    value: internal\n    rate_limit: { unlimited: true }\n").is_ok());
         // Under a descriptor with a value, the share is allowed: that value is a constant.
         assert!(load("domain: edge\ndescriptors:\n  - key: generic_key\n    value: api\n    descriptors:\n      - key: user\n        rate_limit: { unit: minute, requests_per_unit: 5, algorithm: token_bucket, filter_rule: per-key }\n").is_ok());
         let without_filter = RlsConfig::default().add_file(&one(
