@@ -92,6 +92,10 @@ pub struct Args {
     /// start, naming the field.
     #[arg(long, env = "RLSHIM_RLS_CONFIG", requires = "grpc_listen")]
     pub rls_config: Option<PathBuf>,
+    /// The Wasm filter's plugin configuration (the JSON Envoy gives it), for limits of
+    /// --rls-config that share a filter rule's counter (`filter_rule`, docs/RLS.md).
+    #[arg(long, env = "RLSHIM_RLS_FILTER_CONFIG", requires = "rls_config")]
+    pub rls_filter_config: Option<PathBuf>,
     /// Log lines as human-readable text or as JSON objects. Levels: RUST_LOG.
     #[arg(long, env = "RLSHIM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -154,7 +158,11 @@ impl Args {
             rls: self
                 .grpc_listen
                 .zip(self.rls_config.clone())
-                .map(|(listen, config_path)| RlsOptions { listen, config_path }),
+                .map(|(listen, config_path)| RlsOptions {
+                    listen,
+                    config_path,
+                    filter_config_path: self.rls_filter_config.clone(),
+                }),
         }
     }
 }
@@ -196,6 +204,18 @@ mod tests {
         let both = args(&["--grpc-listen", "127.0.0.1:8081", "--rls-config", "rls.yaml"]);
         let rls = both.shim_config().rls.unwrap();
         assert_eq!(rls.listen.port(), 8081);
+        assert_eq!(rls.filter_config_path, None);
         assert!(args(&[]).shim_config().rls.is_none());
+        assert!(parse(&["--rls-filter-config", "plugin.json"]).is_err());
+        let sharing = args(&[
+            "--grpc-listen",
+            "127.0.0.1:8081",
+            "--rls-config",
+            "rls.yaml",
+            "--rls-filter-config",
+            "plugin.json",
+        ]);
+        let path = sharing.shim_config().rls.unwrap().filter_config_path;
+        assert_eq!(path, Some(PathBuf::from("plugin.json")));
     }
 }

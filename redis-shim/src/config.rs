@@ -42,6 +42,8 @@ pub struct ShimConfig {
 pub struct RlsOptions {
     pub listen: SocketAddr,
     pub config_path: PathBuf,
+    /// The Wasm filter's plugin configuration, for limits sharing its rules' counters.
+    pub filter_config_path: Option<PathBuf>,
 }
 
 impl ShimConfig {

@@ -6,8 +6,8 @@
 use crate::config::RlsOptions;
 use crate::endpoint::Shim;
 use crate::rlqs::service::RlqsService;
-use crate::rls::config;
 use crate::rls::service::RlsService;
+use crate::rls::{config, filter_rule};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use std::sync::Arc;
@@ -22,13 +22,16 @@ pub async fn start(
     shim: Arc<Shim>,
     stop: watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, Box<dyn std::error::Error + Send + Sync>> {
-    let config = config::load(&options.config_path).map_err(|e| format!("--rls-config: {e}"))?;
+    let config = load_config(options)?;
     for limit in config.limits() {
         if limit.detailed_metric {
             tracing::warn!(
                 limit = %limit.path,
                 "detailed_metric: accepted, but no per-value series are kept (their number grows with traffic and values can be secrets); the limit counts in rlshim_rls_descriptors_total"
             );
+        }
+        if let Some(shared) = &limit.shared {
+            tracing::info!(limit = %limit.path, rule = %shared.rule, "shares the filter rule's counter");
         }
     }
     let listener = tokio::net::TcpListener::bind(options.listen)
@@ -64,4 +67,23 @@ pub async fn start(
             tracing::error!(%error, "the gRPC services failed");
         }
     }))
+}
+
+/// `--rls-config`, with `--rls-filter-config` for the `filter_rule`s it names. Not async:
+/// the filter's configuration is not `Send` and is dropped once the limits are linked.
+fn load_config(options: &RlsOptions) -> Result<config::RlsConfig, String> {
+    let filter = match &options.filter_config_path {
+        Some(path) => {
+            Some(filter_rule::load_filter_config(path).map_err(|e| format!("--rls-filter-config: {e}"))?)
+        }
+        None => None,
+    };
+    let config =
+        config::load(&options.config_path, filter.as_ref()).map_err(|e| format!("--rls-config: {e}"))?;
+    if filter.is_some() && config.limits().iter().all(|limit| limit.shared.is_none()) {
+        tracing::warn!(
+            "--rls-filter-config is given but no rate_limit names a filter_rule: nothing is shared"
+        );
+    }
+    Ok(config)
 }

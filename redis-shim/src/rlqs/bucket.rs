@@ -5,7 +5,8 @@
 //! when the last entry lands on it. The entries in the order they matched are the
 //! descriptor the bucket stands for, and its counter is that descriptor's RLS counter
 //! ([`crate::rls::counter_key`]): an Envoy on the `rate_limit_quota` filter and one on the
-//! `ratelimit` filter that name the same entries share one counter.
+//! `ratelimit` filter that name the same entries share one counter, and with the Wasm
+//! filter's rule where the limit names a `filter_rule`.
 
 use crate::rls::config::{Limit, Node, RlsConfig};
 use crate::rls::counter_key::counter_key;
@@ -67,8 +68,14 @@ pub fn bucket_limit(config: &RlsConfig, domain: &str, entries: &BucketKey) -> Bu
         return BucketLimit::Unlimited;
     };
     let period_ms = rate.unit.seconds() * 1000;
+    // A limit sharing a filter rule's counter (`filter_rule`) counts there, as RLS does.
+    let shared_key = limit
+        .shared
+        .as_ref()
+        .zip(path.last())
+        .and_then(|(shared, (_, value))| shared.counter_key(value));
     let counter = Check {
-        key: counter_key(domain, &path, rate.algorithm, period_ms),
+        key: shared_key.unwrap_or_else(|| counter_key(domain, &path, rate.algorithm, period_ms)),
         algorithm: rate.algorithm,
         limit: u64::from(rate.requests_per_unit),
         period_ms,

@@ -4,6 +4,9 @@
 //! names the file and the field's path, and so that the fields envoyproxy/ratelimit
 //! knows but the shim does not run are refused by name instead of ignored.
 
+use super::filter_rule::{share, Position, SharedCounter};
+pub use super::unit::Unit;
+use ratelimit_rules::config::FilterConfig;
 use ratelimit_wire::{Algorithm, MAX_LIMIT};
 use serde_yaml::{Mapping, Value};
 use std::collections::HashMap;
@@ -38,6 +41,8 @@ pub struct Limit {
     pub shadow_mode: bool,
     pub replaces: Vec<String>,
     pub detailed_metric: bool,
+    /// `filter_rule`: counted on that Wasm filter rule's counter (`super::filter_rule`).
+    pub shared: Option<SharedCounter>,
 }
 
 /// A limit that counts: `requests_per_unit` per `unit`, by `algorithm`.
@@ -48,48 +53,9 @@ pub struct Rate {
     pub algorithm: Algorithm,
 }
 
-/// envoyproxy/ratelimit's units, each a fixed length aligned to the Unix epoch (a month
-/// is 30 days, a year 365), as it counts them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unit {
-    Second,
-    Minute,
-    Hour,
-    Day,
-    Week,
-    Month,
-    Year,
-}
-
-impl Unit {
-    pub fn parse(name: &str) -> Option<Unit> {
-        Some(match name.to_ascii_lowercase().as_str() {
-            "second" => Unit::Second,
-            "minute" => Unit::Minute,
-            "hour" => Unit::Hour,
-            "day" => Unit::Day,
-            "week" => Unit::Week,
-            "month" => Unit::Month,
-            "year" => Unit::Year,
-            _ => return None,
-        })
-    }
-
-    pub fn seconds(self) -> u64 {
-        match self {
-            Unit::Second => 1,
-            Unit::Minute => 60,
-            Unit::Hour => 3_600,
-            Unit::Day => 86_400,
-            Unit::Week => 7 * 86_400,
-            Unit::Month => 30 * 86_400,
-            Unit::Year => 365 * 86_400,
-        }
-    }
-}
-
-/// Loads `path`: a file, or every `.yaml`/`.yml` file of a directory (in name order).
-pub fn load(path: &Path) -> Result<RlsConfig, String> {
+/// Loads `path`: a file, or every `.yaml`/`.yml` file of a directory (in name order),
+/// `filter` being the Wasm filter's configuration that `filter_rule`s name.
+pub fn load(path: &Path, filter: Option<&FilterConfig>) -> Result<RlsConfig, String> {
     let files = if path.is_dir() {
         let mut files: Vec<_> = std::fs::read_dir(path)
             .map_err(|e| format!("{}: {e}", path.display()))?
@@ -113,9 +79,10 @@ pub fn load(path: &Path) -> Result<RlsConfig, String> {
     for file in files {
         let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
         config
-            .add_file(&text)
+            .add_file_sharing(&text, filter)
             .map_err(|e| format!("{}: {e}", file.display()))?;
     }
+    super::filter_rule::check_each_rule_shared_once(&config)?;
     Ok(config)
 }
 
@@ -123,6 +90,11 @@ impl RlsConfig {
     /// Adds one file's domain; a domain already loaded is refused (as envoyproxy/ratelimit
     /// does without MERGE_DOMAIN_CONFIG).
     pub fn add_file(&mut self, text: &str) -> Result<(), String> {
+        self.add_file_sharing(text, None)
+    }
+
+    /// As [`RlsConfig::add_file`], with the filter configuration `filter_rule`s name.
+    pub fn add_file_sharing(&mut self, text: &str, filter: Option<&FilterConfig>) -> Result<(), String> {
         let root: Value = serde_yaml::from_str(text).map_err(|e| format!("not YAML: {e}"))?;
         let root = mapping(&root, "the file")?;
         known_fields(root, "", &["domain", "descriptors"])?;
@@ -136,7 +108,17 @@ impl RlsConfig {
             ));
         }
         let mut node = Node::default();
-        load_descriptors(&mut node, root.get("descriptors"), "descriptors", &domain)?;
+        let context = Context {
+            filter,
+            above_all_valued: true,
+        };
+        load_descriptors(
+            &mut node,
+            root.get("descriptors"),
+            "descriptors",
+            &domain,
+            &context,
+        )?;
         self.domains.insert(domain, node);
         Ok(())
     }
@@ -207,12 +189,30 @@ fn bool_field(map: &Mapping, field: &str, at: &str) -> Result<bool, String> {
     }
 }
 
-fn load_descriptors(parent: &mut Node, list: Option<&Value>, at: &str, path: &str) -> Result<(), String> {
+/// What a level of descriptors needs to know beyond its own fields.
+struct Context<'a> {
+    filter: Option<&'a FilterConfig>,
+    /// Whether every descriptor above this level has a `value`.
+    above_all_valued: bool,
+}
+
+fn load_descriptors(
+    parent: &mut Node,
+    list: Option<&Value>,
+    at: &str,
+    path: &str,
+    context: &Context,
+) -> Result<(), String> {
     let list = match list {
         None | Some(Value::Null) => return Ok(()),
         Some(Value::Sequence(list)) => list,
         Some(_) => return Err(format!("{at}: must be a list")),
     };
+    // A value counted apart beside a value-less descriptor sharing a filter rule would
+    // give that client one limit per path: the filter counts it under the rule. (A value
+    // unlimited here is unlimited already: the filter's limit only narrows it.)
+    let mut valued_keys = std::collections::HashSet::new();
+    let mut shared_keys = Vec::new();
     for (i, item) in list.iter().enumerate() {
         let at = format!("{at}[{i}]");
         let map = mapping(item, &at)?;
@@ -241,8 +241,17 @@ fn load_descriptors(parent: &mut Node, list: Option<&Value>, at: &str, path: &st
                 "{at}.value: wildcard values ({value:?}) are not supported"
             ));
         }
+        let position = Position {
+            key: &key,
+            has_value: !value.is_empty(),
+            above_all_valued: context.above_all_valued,
+        };
+        let child_context = Context {
+            filter: context.filter,
+            above_all_valued: context.above_all_valued && !value.is_empty(),
+        };
         let final_key = if value.is_empty() {
-            key
+            key.clone()
         } else {
             format!("{key}_{value}")
         };
@@ -255,21 +264,41 @@ fn load_descriptors(parent: &mut Node, list: Option<&Value>, at: &str, path: &st
         let detailed_metric = bool_field(map, "detailed_metric", &field_at)?;
         if let Some(rate_limit) = map.get("rate_limit").filter(|v| !v.is_null()) {
             let limit_at = format!("{at}.rate_limit");
-            node.limit = Some(load_limit(
-                mapping(rate_limit, &limit_at)?,
+            let rate_limit = mapping(rate_limit, &limit_at)?;
+            let mut limit = load_limit(
+                rate_limit,
                 &limit_at,
                 node_path.clone(),
                 shadow_mode,
                 detailed_metric,
-            )?);
+            )?;
+            if let Some(rule) = rate_limit.get("filter_rule").filter(|v| !v.is_null()) {
+                let rule = rule
+                    .as_str()
+                    .ok_or_else(|| format!("{limit_at}.filter_rule: must be a rule's name"))?;
+                limit.shared = Some(share(context.filter, rule, &limit, &position, &limit_at)?);
+                shared_keys.push((key.clone(), limit_at));
+            }
+            if limit.rate.is_some() && !value.is_empty() {
+                valued_keys.insert(key.clone());
+            }
+            node.limit = Some(limit);
         }
         load_descriptors(
             &mut node,
             map.get("descriptors"),
             &format!("{at}.descriptors"),
             &node_path,
+            &child_context,
         )?;
         parent.children.insert(final_key, node);
+    }
+    for (key, limit_at) in shared_keys {
+        if valued_keys.contains(&key) {
+            return Err(format!(
+                "{limit_at}.filter_rule: another descriptor counts a value of {key:?} apart; the filter counts every value under the rule's one limit, so that client would pass both"
+            ));
+        }
     }
     Ok(())
 }
@@ -292,6 +321,7 @@ fn load_limit(
             "name",
             "replaces",
             "algorithm",
+            "filter_rule",
         ],
     )?;
     let unlimited = bool_field(map, "unlimited", &field_at)?;
@@ -356,6 +386,7 @@ fn load_limit(
         shadow_mode,
         replaces,
         detailed_metric,
+        shared: None,
     })
 }
 

@@ -3,9 +3,11 @@
 //! descriptors decided against a configuration in envoyproxy/ratelimit's YAML format, on
 //! the same Redis functions and decision path as the filter's checks (`docs/RLS.md`).
 //!
-//! - [`config`]: the YAML into descriptor trees, every unsupported field refused by name;
+//! - [`config`]: the YAML into descriptor trees, every unsupported field refused by name
+//!   ([`unit`]: its units);
 //! - [`matching`]: which limit a descriptor falls under;
 //! - [`counter_key`]: its counter's Redis key, hashed;
+//! - [`filter_rule`]: a limit sharing a Wasm filter rule's counter (mixed fleets);
 //! - [`plan`]: a request into checks, and their results into the answer (no I/O);
 //! - [`service`]: the gRPC service (token, in-flight bound, decision);
 //! - [`metrics`]: its counters on `GET /metrics`.
@@ -15,7 +17,9 @@
 
 pub mod config;
 pub mod counter_key;
+pub mod filter_rule;
 pub mod matching;
 pub mod metrics;
 pub mod plan;
 pub mod service;
+pub mod unit;

@@ -6,6 +6,7 @@
 
 use super::config::{Limit, Rate, RlsConfig, Unit};
 use super::counter_key::counter_key;
+use super::filter_rule::SharedCounter;
 use super::matching::find_limit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     rate_limit::Unit as PbUnit, Code, DescriptorStatus, RateLimit,
@@ -45,6 +46,8 @@ pub struct Applied {
     pub name: String,
     pub rate: Rate,
     pub shadow_mode: bool,
+    /// Counted on a filter rule's counter instead of its own.
+    pub shared: Option<SharedCounter>,
 }
 
 impl Applied {
@@ -158,6 +161,7 @@ pub fn plan(config: &RlsConfig, request: &RateLimitRequest) -> Result<Plan, Stri
                 name: String::new(),
                 rate,
                 shadow_mode: false,
+                shared: None,
             },
             Matched::Configured(limit) => match limit.rate {
                 None => {
@@ -172,6 +176,7 @@ pub fn plan(config: &RlsConfig, request: &RateLimitRequest) -> Result<Plan, Stri
                     name: limit.name.clone(),
                     rate,
                     shadow_mode: limit.shadow_mode,
+                    shared: limit.shared.clone(),
                 },
             },
         };
@@ -193,13 +198,22 @@ pub fn plan(config: &RlsConfig, request: &RateLimitRequest) -> Result<Plan, Stri
             .iter()
             .map(|entry| (entry.key.as_str(), entry.value.as_str()))
             .collect();
-        plan.checks.push(Check {
-            key: counter_key(
+        // A value the filter would not count (empty, or not an IP) keeps its own counter.
+        let shared_key = applied
+            .shared
+            .as_ref()
+            .zip(entries.last())
+            .and_then(|(shared, (_, value))| shared.counter_key(value));
+        let key = shared_key.unwrap_or_else(|| {
+            counter_key(
                 &request.domain,
                 &entries,
                 applied.rate.algorithm,
                 applied.period_ms(),
-            ),
+            )
+        });
+        plan.checks.push(Check {
+            key,
             algorithm: applied.rate.algorithm,
             limit: u64::from(applied.rate.requests_per_unit),
             period_ms: applied.period_ms(),
