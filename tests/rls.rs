@@ -266,6 +266,45 @@ fn descriptors_on_different_cluster_slots_are_all_or_nothing_and_exact() {
     );
 }
 
+/// The gRPC listener is served as the HTTP one is: idle connections past the cap (shared
+/// by both listeners) make room, a silent one is closed at the header timeout, and Envoy
+/// still gets its decisions.
+#[test]
+fn the_grpc_listener_holds_the_connection_cap_and_the_header_timeout() {
+    let redis = Redis::start();
+    let (shim, grpc) = rls_shim(
+        &redis.url(),
+        &["--max-connections", "20", "--header-timeout-ms", "1000"],
+    );
+    let upstream = Upstream::start();
+    let mut idle: Vec<std::net::TcpStream> = (0..50)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", grpc.port)).unwrap())
+        .collect();
+    let envoy = Envoy::start_bootstrap(&envoy_config(grpc.port, upstream.port, true));
+    let decided: Vec<u16> = (0..3).map(|_| get(&envoy.url("/ip"), &[]).status).collect();
+    assert_eq!(decided, [200, 200, 429], "decisions past 50 idle connections");
+    let closed = idle.iter_mut().map(is_closed).filter(|closed| *closed).count();
+    assert!(
+        closed >= 30,
+        "only {closed} of 50 idle connections closed by the cap"
+    );
+    wait_until(
+        "the rest closed at the header timeout",
+        Duration::from_secs(5),
+        || idle.iter_mut().all(is_closed),
+    );
+    let metrics = get(&shim.url("/metrics"), &[]).body;
+    assert!(
+        !metrics.contains("rlshim_connections_closed_total{reason=\"header_timeout\"} 0\n"),
+        "{metrics}"
+    );
+    assert_eq!(
+        get(&envoy.url("/ip"), &[]).status,
+        429,
+        "Envoy's connection was kept"
+    );
+}
+
 #[test]
 fn a_configuration_it_cannot_run_is_refused_at_start_naming_the_field() {
     let dir = scratch("rls-refused");

@@ -43,17 +43,6 @@ fn read_until_closed(stream: &mut TcpStream) -> (String, Instant) {
     (String::from_utf8_lossy(&received).into_owned(), Instant::now())
 }
 
-/// Whether the peer has closed the connection (a short read timeout means it is open).
-fn is_closed(stream: &mut TcpStream) -> bool {
-    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    let mut buffer = [0u8; 1024];
-    match stream.read(&mut buffer) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(e) => !(e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut),
-    }
-}
-
 /// The most resident memory the process has had, in KiB (VmHWM): a peak that a
 /// sample taken after the connections closed would miss.
 fn peak_rss_kib(process: &Process) -> u64 {

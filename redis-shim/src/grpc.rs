@@ -1,27 +1,30 @@
 //! The gRPC listener (`--grpc-listen`): Envoy's rate-limit service ([`crate::rls`]) and
 //! its quota service ([`crate::rlqs`]) on one port, both deciding against the limits of
-//! `--rls-config`. [`start`] loads that configuration (refusing at start what it cannot
-//! run), binds the listener and serves until told to stop.
+//! `--rls-config`. [`prepare`] loads that configuration (refusing at start what it cannot
+//! run), binds the listener and routes both services; [`crate::server`] serves them.
 
 use crate::config::RlsOptions;
 use crate::endpoint::Shim;
 use crate::rlqs::service::RlqsService;
 use crate::rls::service::RlsService;
 use crate::rls::{config, filter_rule};
+use axum::Router;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use std::sync::Arc;
-use std::time::Duration;
+use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tonic::service::Routes;
 
-/// Loads the configuration and serves both services on their own listener until `stop`
-/// turns true. Refuses (before serving anything) a configuration it cannot run.
-pub async fn start(
+/// Loads the configuration and binds the listener: the listener and the services' routes,
+/// served by [`crate::server`] as the HTTP endpoints are (connection cap, header timeout,
+/// graceful shutdown). Refuses (before serving anything) a configuration it cannot run.
+/// The quota streams end when `stop` turns true.
+pub async fn prepare(
     options: &RlsOptions,
     shim: Arc<Shim>,
     stop: watch::Receiver<bool>,
-) -> Result<JoinHandle<()>, Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<(TcpListener, Router), Box<dyn std::error::Error + Send + Sync>> {
     let config = load_config(options)?;
     for limit in config.limits() {
         if limit.detailed_metric {
@@ -34,7 +37,7 @@ pub async fn start(
             tracing::info!(limit = %limit.path, rule = %shared.rule, "shares the filter rule's counter");
         }
     }
-    let listener = tokio::net::TcpListener::bind(options.listen)
+    let listener = TcpListener::bind(options.listen)
         .await
         .map_err(|e| format!("--grpc-listen {}: {e}", options.listen))?;
     tracing::info!(
@@ -47,26 +50,10 @@ pub async fn start(
         shim: shim.clone(),
         config: config.clone(),
     };
-    let rlqs = RlqsService::new(shim, config, stop.clone());
-    let mut stopped = stop;
-    let server = tonic::transport::Server::builder()
-        // A quota stream's grants go back only when the stream ends: a peer that vanished
-        // without closing its connection (a host gone, a partition) must end it too.
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(5)))
-        .add_service(RateLimitServiceServer::new(rls))
-        .add_service(RateLimitQuotaServiceServer::new(rlqs))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            async move {
-                let _ = stopped.wait_for(|stopped| *stopped).await;
-            },
-        );
-    Ok(tokio::spawn(async move {
-        if let Err(error) = server.await {
-            tracing::error!(%error, "the gRPC services failed");
-        }
-    }))
+    let rlqs = RlqsService::new(shim, config, stop);
+    let routes =
+        Routes::new(RateLimitServiceServer::new(rls)).add_service(RateLimitQuotaServiceServer::new(rlqs));
+    Ok((listener, routes.into_axum_router()))
 }
 
 /// `--rls-config`, with `--rls-filter-config` for the `filter_rule`s it names. Not async:

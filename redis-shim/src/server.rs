@@ -1,5 +1,6 @@
 //! The server: [`run`], which serves the routes ([`crate::routes`]) on a bound listener until a
-//! shutdown future completes, so tests serve the real shim on a port they picked.
+//! shutdown future completes, so tests serve the real shim on a port they picked, and
+//! Envoy's gRPC services ([`crate::grpc`]) on theirs, each connection alike.
 //!
 //! Connections are served here rather than by `axum::serve`, which sets no timer (so no
 //! header-read timeout) and accepts without limit: each accepted connection first passes
@@ -26,14 +27,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 /// Largest read buffer of an HTTP/1 connection, which bounds the headers a client can
 /// make the shim hold (hyper's default is 400 KiB a connection). Bodies stream through
 /// it in pieces, so it does not limit them.
 const MAX_READ_BUFFER_BYTES: usize = 32 * 1024;
 
-/// Serves the shim on `listener` until `shutdown` completes, then finishes the checks in
-/// flight (for at most the shutdown timeout) and returns.
+/// Serves the shim on `listener` (and Envoy's gRPC services on their own, with
+/// `--grpc-listen`) until `shutdown` completes, then finishes the checks in flight (for
+/// at most the shutdown timeout) and returns.
 pub async fn run(
     listener: TcpListener,
     config: ShimConfig,
@@ -43,12 +46,11 @@ pub async fn run(
     let metrics = Arc::new(Metrics::default());
     let store = RedisStore::connect(&config.redis, metrics.clone())?;
     let shim = Arc::new(Shim::new(store, config, metrics));
-    let app = routes::router(shim.clone());
-    let (stop_rls, rls_stopping) = tokio::sync::watch::channel(false);
-    let rls = match &shim.config.rls {
-        Some(options) => Some(crate::grpc::start(options, shim.clone(), rls_stopping).await?),
-        None => None,
-    };
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let mut listeners = vec![(listener, routes::router(shim.clone()))];
+    if let Some(options) = &shim.config.rls {
+        listeners.push(crate::grpc::prepare(options, shim.clone(), stopping.clone()).await?);
+    }
 
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // No header-read timer on HTTP/1: hyper's also runs while a kept-alive connection
@@ -56,15 +58,58 @@ pub async fn run(
     // and race the requests Envoy sends on them. A connection must start its first request
     // within the header timeout (below); only a caller that passed the token keeps one open.
     builder.http1().max_buf_size(MAX_READ_BUFFER_BYTES);
-    builder.http2().timer(TokioTimer::new());
-    let connection_cap = ConnectionCap::new(shim.config.max_connections, shim.metrics.clone());
-    let graceful = GracefulShutdown::new();
+    // Pings on HTTP/2: a peer that vanished without closing (a host gone, a partition)
+    // is found out, and with it a quota stream whose grants go back only when it ends.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5));
+    let served = Served {
+        builder: Arc::new(builder),
+        // One cap for both listeners: together they hold at most --max-connections.
+        connection_cap: ConnectionCap::new(shim.config.max_connections, shim.metrics.clone()),
+        graceful: Arc::new(GracefulShutdown::new()),
+        shim: shim.clone(),
+    };
+    let loops: Vec<_> = listeners
+        .into_iter()
+        .map(|(listener, app)| tokio::spawn(accept(listener, app, served.clone(), stopping.clone())))
+        .collect();
 
-    let mut shutdown = std::pin::pin!(shutdown);
+    shutdown.await;
+    let _ = stop.send(true);
+    for accepting in loops {
+        let _ = accepting.await;
+    }
+    shim.draining.store(true, Ordering::SeqCst);
+    tracing::info!("shutdown requested: finishing the checks in flight");
+    let grace = shim.config.shutdown_timeout;
+    let Ok(graceful) = Arc::try_unwrap(served.graceful) else {
+        return Ok(());
+    };
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(grace) => tracing::warn!(timeout = ?grace, "shutdown timeout: abandoning the checks still in flight"),
+    }
+    Ok(())
+}
+
+/// What every accepted connection is served with.
+#[derive(Clone)]
+struct Served {
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    connection_cap: Arc<ConnectionCap>,
+    graceful: Arc<GracefulShutdown>,
+    shim: Arc<Shim>,
+}
+
+/// Accepts connections on `listener` and serves `app` on each, until `stopping` turns true.
+async fn accept(listener: TcpListener, app: Router, served: Served, mut stopping: watch::Receiver<bool>) {
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            () = &mut shutdown => break,
+            _ = stopping.wait_for(|stopped| *stopped) => break,
         };
         let stream = match accepted {
             Ok((stream, _peer)) => stream,
@@ -76,35 +121,19 @@ pub async fn run(
                 continue;
             }
         };
-        let Some(guard) = connection_cap.admit() else {
+        let Some(guard) = served.connection_cap.admit() else {
             drop(stream);
             continue;
         };
         tokio::spawn(serve_connection(
             stream,
             guard,
-            &builder,
-            &graceful,
+            &served.builder,
+            &served.graceful,
             app.clone(),
-            shim.clone(),
+            served.shim.clone(),
         ));
     }
-
-    drop(listener);
-    shim.draining.store(true, Ordering::SeqCst);
-    let _ = stop_rls.send(true);
-    tracing::info!("shutdown requested: finishing the checks in flight");
-    let grace = shim.config.shutdown_timeout;
-    let rls_stopped = async move {
-        if let Some(rls) = rls {
-            let _ = rls.await;
-        }
-    };
-    tokio::select! {
-        _ = futures_util::future::join(graceful.shutdown(), rls_stopped) => {}
-        () = tokio::time::sleep(grace) => tracing::warn!(timeout = ?grace, "shutdown timeout: abandoning the checks still in flight"),
-    }
-    Ok(())
 }
 
 /// One connection, served until it closes, is evicted by the cap, or sends no first

@@ -153,3 +153,14 @@ pub fn raw_exchange(port: u16, bytes: &[u8]) -> String {
     let _ = stream.read_to_string(&mut out);
     out
 }
+
+/// Whether the peer has closed the connection (a short read timeout means it is open).
+pub fn is_closed(stream: &mut TcpStream) -> bool {
+    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let mut buffer = [0u8; 1024];
+    match stream.read(&mut buffer) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !(e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut),
+    }
+}
