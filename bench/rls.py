@@ -12,9 +12,14 @@ upstream), measured from core 1 in one run:
     action on `x-api-key`, calling the same shim's `--grpc-listen` (HTTP/2), whose
     `--rls-config` counts that descriptor in a token bucket of the same limit.
 
+With `--peer PATH` (a `limitador-server` binary built by hand; nothing here builds it),
+a fourth, the peer a user would pick instead: `peer_limitador_cluster`, the same native
+filter and descriptor against Limitador with its Redis storage (the same Redis), whose
+CPU then stands in the shim's column.
+
 For each: closed-loop throughput (wrk, 32 connections) as a share of the baseline's, and at
 a fixed rate (oha, 2,000 req/s, 32 connections) p50/p99 and CPU per request of Envoy, of the
-shim and of Redis. `--runs` repeats the three (alternate runs reversed). Writes
+limiter's service and of Redis. `--runs` repeats them (alternate runs reversed). Writes
 bench/out/rls.json and bench/out/rls.md.
 """
 
@@ -32,6 +37,38 @@ descriptors:
   - key: api_key
     rate_limit: {{ unit: second, requests_per_unit: {bench.ADMIT_ALL}, algorithm: token_bucket }}
 """
+
+
+PEER_LIMITS = f"""- namespace: bench
+  max_value: {bench.ADMIT_ALL}
+  seconds: 1
+  conditions: []
+  variables:
+    - descriptors[0]['api_key']
+"""
+
+
+class Peer:
+    """Limitador serving Envoy's rate-limit service, counting in `redis`."""
+
+    def __init__(self, procs, path, redis):
+        self.port, http_port = bench.free_port(), bench.free_port()
+        limits = bench.OUT / "peer-limits.yaml"
+        limits.write_text(PEER_LIMITS)
+        self.process = procs.start([path, "-b", "127.0.0.1", "-p", str(self.port), "-B", "127.0.0.1",
+                                    "-P", str(http_port), str(limits), "redis", f"redis://127.0.0.1:{redis.port}"],
+                                   bench.OUT / "peer.log", core=bench.LOAD_CORE)
+        if not bench.wait_until("Limitador", lambda: listening(self.port), 20, self.process):
+            sys.exit("bench: Limitador did not start; see bench/out/peer.log")
+
+
+def listening(port):
+    import socket
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def wasm_exact():
@@ -71,7 +108,8 @@ def to_grpc(grpc_port):
     return shape
 
 
-def measure(procs, name, filters, shim, redis, args, shape=None):
+def measure(procs, name, filters, shim, redis, args, shape=None, service=None):
+    """`service` is the limiter's process whose CPU is counted (the shim's by default)."""
     redis.flush()
     envoy = bench.Envoy(procs, name, filters, shim.port, shape)
     if not envoy.ready:
@@ -79,13 +117,14 @@ def measure(procs, name, filters, shim, redis, args, shape=None):
     try:
         url = f"http://127.0.0.1:{envoy.port}/"
         headers = [f"x-api-key: {bench.API_KEY}"]
+        limiter = service or shim
         bench.wrk(url, 1, headers=headers)  # warm-up: connections, JIT
-        before = bench.Snapshot(envoy, shim, redis)
+        before = bench.Snapshot(envoy, limiter, redis)
         closed = bench.wrk(url, args.duration, connections=CONNECTIONS, headers=headers)
-        closed.update(bench.delta(before, bench.Snapshot(envoy, shim, redis)))
-        before = bench.Snapshot(envoy, shim, redis)
+        closed.update(bench.delta(before, bench.Snapshot(envoy, limiter, redis)))
+        before = bench.Snapshot(envoy, limiter, redis)
         fixed = bench.oha_fixed_rate(url, args.duration, args.rate, headers, CONNECTIONS)
-        fixed.update(bench.delta(before, bench.Snapshot(envoy, shim, redis)))
+        fixed.update(bench.delta(before, bench.Snapshot(envoy, limiter, redis)))
         stats = envoy.stats()
         fixed["native_errors"] = stats.get("cluster.ratelimit_shim.ratelimit.error", 0) + stats.get(
             "cluster.ratelimit_shim.ratelimit.failure_mode_allowed", 0)
@@ -94,14 +133,16 @@ def measure(procs, name, filters, shim, redis, args, shape=None):
     return {"closed": closed, "fixed": fixed}
 
 
+ORDER = ["baseline_cluster", "wasm_exact_cluster", "native_rls_cluster", "peer_limitador_cluster"]
+
+
 def table(runs):
-    names = ["baseline_cluster", "wasm_exact_cluster", "native_rls_cluster"]
     lines = ["| configuration | share of baseline throughput | p50 ms | p99 ms | Envoy CPU µs/req "
-             "(over baseline) | shim µs/req | Redis µs/req | shim calls/req | errors |",
+             "(over baseline) | service µs/req | Redis µs/req | service calls/req | errors |",
              "|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         base = run["baseline_cluster"]
-        for name in names:
+        for name in [n for n in ORDER if n in run]:
             row = run[name]
             fixed, closed = row["fixed"], row["closed"]
             p = fixed["latency_ms"]
@@ -119,7 +160,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=int, default=4, help="seconds per measurement")
     parser.add_argument("--rate", type=int, default=2000, help="fixed request rate")
-    parser.add_argument("--runs", type=int, default=2, help="times the three are measured")
+    parser.add_argument("--runs", type=int, default=2, help="times the configurations are measured")
+    parser.add_argument("--peer", help="a limitador-server binary: adds the peer's row")
     args = parser.parse_args()
     bench.OUT.mkdir(parents=True, exist_ok=True)
     limits = bench.OUT / "rls-limits.yaml"
@@ -131,13 +173,16 @@ def main():
         grpc_port = bench.free_port()
         shim = bench.Shim(procs, redis.port, extra=("--grpc-listen", f"127.0.0.1:{grpc_port}",
                                                     "--rls-config", str(limits)))
-        configs = [("baseline_cluster", [], None), ("wasm_exact_cluster", wasm_exact(), None),
-                   ("native_rls_cluster", [NATIVE_FILTER], to_grpc(grpc_port))]
+        configs = [("baseline_cluster", [], None, None), ("wasm_exact_cluster", wasm_exact(), None, None),
+                   ("native_rls_cluster", [NATIVE_FILTER], to_grpc(grpc_port), None)]
+        if args.peer:
+            peer = Peer(procs, args.peer, redis)
+            configs.append(("peer_limitador_cluster", [NATIVE_FILTER], to_grpc(peer.port), peer))
         for run in range(args.runs):
             print(f"native filter: run {run + 1}", flush=True)
             results = {}
-            for name, filters, shape in (configs if run % 2 == 0 else configs[::-1]):
-                results[name] = measure(procs, name, filters, shim, redis, args, shape)
+            for name, filters, shape, service in (configs if run % 2 == 0 else configs[::-1]):
+                results[name] = measure(procs, name, filters, shim, redis, args, shape, service)
                 fixed = results[name]["fixed"]
                 print(f"  {name:19} {results[name]['closed']['rps']:8.0f} req/s  "
                       f"p50 {fixed['latency_ms'].get('p50', 0):.3f} ms  "

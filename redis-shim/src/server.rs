@@ -86,6 +86,8 @@ pub async fn run(
     tracing::info!("shutdown requested: finishing the checks in flight");
     let grace = shim.config.shutdown_timeout;
     let Ok(graceful) = Arc::try_unwrap(served.graceful) else {
+        // Unreachable: the accept loops, which held the other handles, have ended.
+        tracing::warn!("shutdown: the connections in flight could not be waited for");
         return Ok(());
     };
     tokio::select! {
