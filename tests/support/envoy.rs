@@ -158,6 +158,25 @@ pub fn envoy_config(shim_port: u16, plugin_config: &Value) -> Value {
 pub fn envoy_config_with_filters(shim_port: u16, plugin_config: &Value, filters_before: &[Value]) -> Value {
     let mut http_filters: Vec<Value> = filters_before.to_vec();
     http_filters.push(wasm_filter(plugin_config));
+    let routes = json!([{ "match": { "prefix": "/" },
+                          "direct_response": { "status": 200, "body": { "inline_string": "ok" } } }]);
+    let shim = json!({
+        "name": "ratelimit_shim",
+        "type": "STATIC",
+        "connect_timeout": "0.25s",
+        // As envoy.yaml: HTTP/1.1 with keep-alive to the shim.
+        "typed_extension_protocol_options": { "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": { "http_protocol_options": {} } } },
+        "load_assignment": { "cluster_name": "ratelimit_shim",
+            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": loopback(shim_port) } }] }] }
+    });
+    listener_bootstrap(routes, http_filters, vec![shim])
+}
+
+/// A bootstrap with one listener on 127.0.0.1 (a port Envoy picks) whose connection
+/// manager runs `http_filters`, then the router, over `routes`; `clusters`; and the admin.
+pub fn listener_bootstrap(routes: Value, mut http_filters: Vec<Value>, clusters: Vec<Value>) -> Value {
     http_filters.push(json!({ "name": "envoy.filters.http.router",
         "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" } }));
     json!({
@@ -170,26 +189,12 @@ pub fn envoy_config_with_filters(shim_port: u16, plugin_config: &Value, filters_
                     "typed_config": {
                         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
                         "stat_prefix": "test",
-                        "route_config": { "virtual_hosts": [{
-                            "name": "test", "domains": ["*"],
-                            "routes": [{ "match": { "prefix": "/" },
-                                         "direct_response": { "status": 200, "body": { "inline_string": "ok" } } }]
-                        }]},
+                        "route_config": { "virtual_hosts": [{ "name": "test", "domains": ["*"], "routes": routes }] },
                         "http_filters": http_filters
                     }
                 }]}]
             }],
-            "clusters": [{
-                "name": "ratelimit_shim",
-                "type": "STATIC",
-                "connect_timeout": "0.25s",
-                // As envoy.yaml: HTTP/1.1 with keep-alive to the shim.
-                "typed_extension_protocol_options": { "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                    "explicit_http_config": { "http_protocol_options": {} } } },
-                "load_assignment": { "cluster_name": "ratelimit_shim",
-                    "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": loopback(shim_port) } }] }] }
-            }]
+            "clusters": clusters
         },
         "admin": { "address": loopback(0) }
     })
@@ -392,37 +397,14 @@ pub fn native_filter_bootstrap(
     grpc_port: u16,
     upstream_port: u16,
 ) -> Value {
-    json!({
-        "static_resources": {
-            "listeners": [{
-                "name": "test",
-                "address": loopback(0),
-                "filter_chains": [{ "filters": [{
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                        "stat_prefix": "test",
-                        "route_config": { "virtual_hosts": [{ "name": "test", "domains": ["*"], "routes": routes }] },
-                        "http_filters": [
-                            http_filter,
-                            { "name": "envoy.filters.http.router",
-                              "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" } }
-                        ]
-                    }
-                }]}]
-            }],
-            "clusters": [
-                { "name": grpc_cluster, "type": "STATIC", "connect_timeout": "0.25s",
-                  "typed_extension_protocol_options": { "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                      "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                      "explicit_http_config": { "http2_protocol_options": {} } } },
-                  "load_assignment": { "cluster_name": grpc_cluster,
-                      "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": loopback(grpc_port) } }] }] } },
-                { "name": "upstream", "type": "STATIC", "connect_timeout": "1s",
-                  "load_assignment": { "cluster_name": "upstream",
-                      "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": loopback(upstream_port) } }] }] } }
-            ]
-        },
-        "admin": { "address": loopback(0) }
-    })
+    let grpc = json!({ "name": grpc_cluster, "type": "STATIC", "connect_timeout": "0.25s",
+        "typed_extension_protocol_options": { "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": { "http2_protocol_options": {} } } },
+        "load_assignment": { "cluster_name": grpc_cluster,
+            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": loopback(grpc_port) } }] }] } });
+    let upstream = json!({ "name": "upstream", "type": "STATIC", "connect_timeout": "1s",
+        "load_assignment": { "cluster_name": "upstream",
+            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": loopback(upstream_port) } }] }] } });
+    listener_bootstrap(routes, vec![http_filter], vec![grpc, upstream])
 }
