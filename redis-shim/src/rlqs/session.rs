@@ -153,8 +153,9 @@ impl Session {
                 continue;
             };
             if !result.allowed {
-                let ttl_s = result.retry_after_ms.div_ceil(1000).clamp(1, TTL_S);
-                actions.push(assignment::deny_all(&key, ttl_s));
+                // Until a report after the next brings a grant: a shorter refusal would
+                // hand the bucket to Envoy's fallback (ALLOW_ALL by default) in between.
+                actions.push(assignment::deny_all(&key, TTL_S));
                 metrics.denied_all();
                 continue;
             }
