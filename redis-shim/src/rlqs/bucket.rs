@@ -212,6 +212,29 @@ descriptors:
     }
 
     #[test]
+    fn a_bucket_under_a_filter_rule_counts_on_the_rule_s_counter() {
+        let filter = ratelimit_rules::config::FilterConfig::from_json(
+            br#"{"shim_cluster": "shim",
+                 "rules": [{"name": "per-key", "key": [{"header": "x-api-key"}], "limit": 40, "period": "1m"}]}"#,
+        )
+        .unwrap();
+        let mut config = RlsConfig::default();
+        config
+            .add_file_sharing(
+                "domain: quota\ndescriptors:\n  - key: api_key\n    rate_limit: { unit: minute, requests_per_unit: 40, algorithm: token_bucket, filter_rule: per-key }\n",
+                Some(&filter),
+            )
+            .unwrap();
+        let limited = bucket_limit(&config, "quota", &bucket(&[("api_key", "k1")]));
+        let BucketLimit::Limited { counter, .. } = limited else {
+            panic!("{limited:?}")
+        };
+        let shared = config.limits()[0].shared.clone().unwrap();
+        assert_eq!(Some(counter.key.clone()), shared.counter_key("k1"));
+        assert!(counter.key.starts_with("per-key/"), "{}", counter.key);
+    }
+
+    #[test]
     fn hostile_bucket_ids_are_refused() {
         assert!(bucket_key(&HashMap::new()).is_err());
         let many: HashMap<String, String> = (0..=MAX_ENTRIES)
