@@ -6,10 +6,8 @@
 
 mod support;
 
-use clap::Parser;
 use serde_json::{json, Value};
 use std::fs;
-use std::time::Duration;
 use support::*;
 
 const TOKEN: &str = "mixed-fleet-token";
@@ -224,32 +222,14 @@ fn one_client_ip_meets_one_limit_across_the_wasm_and_the_native_filter() {
 fn a_descriptor_that_would_count_otherwise_than_its_rule_is_refused_at_start() {
     let doubled = LIMITS.replace("requests_per_unit: 5", "requests_per_unit: 10");
     let (yaml, plugin) = write_configs(&doubled);
-    let args = redis_shim::cli::Args::try_parse_from([
-        "redis-shim",
+    let refused = Shim::refusal(&[
         "--grpc-listen",
         "127.0.0.1:0",
         "--rls-config",
         &yaml,
         "--rls-filter-config",
         &plugin,
-    ])
-    .unwrap();
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    // Bounded: a configuration that loads would be served until the end of time.
-    let refused = runtime
-        .block_on(async {
-            tokio::time::timeout(
-                Duration::from_secs(30),
-                redis_shim::run(listener, args.shim_config(), std::future::pending()),
-            )
-            .await
-        })
-        .expect("refused at start, not served")
-        .unwrap_err()
-        .to_string();
+    ]);
     assert!(
         refused.contains("limits.yaml: descriptors[0].rate_limit.requests_per_unit: 10 here, but rule \"per-api-key\" allows 5"),
         "{refused}"

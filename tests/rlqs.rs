@@ -6,7 +6,6 @@
 mod support;
 
 use serde_json::{json, Value};
-use std::fs;
 use std::time::{Duration, Instant};
 use support::*;
 
@@ -25,22 +24,7 @@ descriptors:
 const LIMIT: usize = 40;
 
 fn rlqs_shim(redis: &Redis) -> (Shim, ClaimedPort) {
-    let grpc = claim_port();
-    let config = scratch("rlqs").join("limits.yaml");
-    fs::write(&config, LIMITS).unwrap();
-    let listen = format!("127.0.0.1:{}", grpc.port);
-    let shim = Shim::start(
-        &redis.url(),
-        &[
-            "--grpc-listen",
-            &listen,
-            "--rls-config",
-            config.to_str().unwrap(),
-            "--token",
-            TOKEN,
-        ],
-    );
-    (shim, grpc)
+    Shim::start_grpc(&redis.url(), LIMITS, &["--token", TOKEN])
 }
 
 /// Every request in the bucket `{name: free, api_key: <x-api-key>}`, refused until the

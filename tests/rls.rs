@@ -6,7 +6,6 @@
 
 mod support;
 
-use clap::Parser;
 use serde_json::{json, Value};
 use std::fs;
 use std::time::{Duration, Instant};
@@ -32,21 +31,9 @@ descriptors:
 
 /// The shim serving the rate-limit service on a claimed port, with `LIMITS`.
 fn rls_shim(redis_urls: &str, extra: &[&str]) -> (Shim, ClaimedPort) {
-    let grpc = claim_port();
-    let config = scratch("rls").join("limits.yaml");
-    fs::write(&config, LIMITS).unwrap();
-    let listen = format!("127.0.0.1:{}", grpc.port);
-    let mut args = vec![
-        "--grpc-listen",
-        &listen,
-        "--rls-config",
-        config.to_str().unwrap(),
-        "--token",
-        TOKEN,
-    ];
+    let mut args = vec!["--token", TOKEN];
     args.extend(extra);
-    let shim = Shim::start(redis_urls, &args);
-    (shim, grpc)
+    Shim::start_grpc(redis_urls, LIMITS, &args)
 }
 
 /// Routes by path, each with its rate-limit actions: `/key` the `x-api-key` header,
@@ -314,26 +301,12 @@ fn a_configuration_it_cannot_run_is_refused_at_start_naming_the_field() {
         "domain: edge\ndescriptors:\n  - key: api_key\n    quota_mode: true\n    rate_limit: { unit: day, requests_per_unit: 3 }\n",
     )
     .unwrap();
-    let args = redis_shim::cli::Args::try_parse_from([
-        "redis-shim",
+    let refused = Shim::refusal(&[
         "--grpc-listen",
         "127.0.0.1:0",
         "--rls-config",
         config.to_str().unwrap(),
-    ])
-    .unwrap();
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let refused = runtime
-        .block_on(redis_shim::run(
-            listener,
-            args.shim_config(),
-            std::future::pending(),
-        ))
-        .unwrap_err()
-        .to_string();
+    ]);
     assert!(refused.contains("descriptors[0].quota_mode"), "{refused}");
     assert!(refused.contains("limits.yaml"), "{refused}");
 }

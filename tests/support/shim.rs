@@ -48,6 +48,40 @@ impl Shim {
         Shim::serve(shim_args("127.0.0.1:0", redis_url, extra_args), None)
     }
 
+    /// The shim serving Envoy's gRPC services on a claimed port (returned with it), with
+    /// `limits` (envoyproxy/ratelimit's YAML) as its `--rls-config` and `extra_args`.
+    pub fn start_grpc(redis_url: &str, limits: &str, extra_args: &[&str]) -> (Shim, ClaimedPort) {
+        let grpc = super::ports::claim_port();
+        let config = scratch("grpc-shim").join("limits.yaml");
+        std::fs::write(&config, limits).unwrap();
+        let listen = format!("127.0.0.1:{}", grpc.port);
+        let mut args = vec!["--grpc-listen", &listen, "--rls-config", config.to_str().unwrap()];
+        args.extend(extra_args);
+        (Shim::start(redis_url, &args), grpc)
+    }
+
+    /// Why the shim refuses to start with `args` (its flags after the program name): the
+    /// error `redis_shim::run` returns. Bounded: a configuration that loads would be
+    /// served until the end of time, and fails the test instead.
+    pub fn refusal(args: &[&str]) -> String {
+        let parsed =
+            redis_shim::cli::Args::try_parse_from(std::iter::once("redis-shim").chain(args.iter().copied()))
+                .unwrap_or_else(|e| panic!("shim flags {args:?}: {e}"));
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime
+            .block_on(async {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tokio::time::timeout(
+                    Duration::from_secs(30),
+                    redis_shim::run(listener, parsed.shim_config(), std::future::pending()),
+                )
+                .await
+            })
+            .expect("refused at start, not served")
+            .unwrap_err()
+            .to_string()
+    }
+
     /// As [`Shim::start`], on a claimed port, so that [`Shim::restart`] can have it back.
     pub fn start_restartable(redis_url: &str, extra_args: &[&str]) -> Shim {
         let claim = super::ports::claim_port();
