@@ -112,12 +112,10 @@ fn find<'a>(
     let mut unused: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let mut path = Vec::with_capacity(unused.len());
     loop {
-        let (index, child) = unused.iter().enumerate().find_map(|(i, (key, value))| {
-            node.children
-                .get(&format!("{key}_{value}"))
-                .or_else(|| node.children.get(*key))
-                .map(|child| (i, child))
-        })?;
+        let (index, child) = unused
+            .iter()
+            .enumerate()
+            .find_map(|(i, (key, value))| node.child(key, value).map(|child| (i, child)))?;
         path.push(unused.remove(index));
         if unused.is_empty() {
             return child.limit.as_ref().map(|limit| (limit, path));

@@ -13,6 +13,7 @@ use crate::check::respond;
 use crate::decision;
 use crate::endpoint::Shim;
 use crate::rls::config::RlsConfig;
+use crate::rls::service::now_ms;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
@@ -20,7 +21,7 @@ use futures_util::future::join_all;
 use ratelimit_wire::{Check, CheckRequest, CheckResult, Settlement, TokenReturn};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tonic::Status;
 
 /// At most this many buckets per stream: each is kept for the stream's life.
@@ -285,11 +286,4 @@ fn token_return(counter: &Check, amount: u64, stamp: i64) -> TokenReturn {
         stamp,
         calendar: None,
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }

@@ -29,6 +29,16 @@ pub struct Node {
     pub limit: Option<Limit>,
 }
 
+impl Node {
+    /// The child an entry goes down to: the one with its key and value, else the
+    /// value-less one with its key.
+    pub fn child(&self, key: &str, value: &str) -> Option<&Node> {
+        self.children
+            .get(&format!("{key}_{value}"))
+            .or_else(|| self.children.get(key))
+    }
+}
+
 /// A configured `rate_limit`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limit {

@@ -10,10 +10,7 @@ use super::config::{Limit, Node, RlsConfig};
 pub fn find_limit<'a>(config: &'a RlsConfig, domain: &str, entries: &[(&str, &str)]) -> Option<&'a Limit> {
     let mut node: &Node = config.domains.get(domain)?;
     for (depth, (key, value)) in entries.iter().enumerate() {
-        let child = node
-            .children
-            .get(&format!("{key}_{value}"))
-            .or_else(|| node.children.get(*key))?;
+        let child = node.child(key, value)?;
         if depth + 1 == entries.len() {
             return child.limit.as_ref();
         }

@@ -132,7 +132,8 @@ pub fn presented_token(metadata: &tonic::metadata::MetadataMap) -> &[u8] {
         .unwrap_or_default()
 }
 
-fn now_ms() -> u64 {
+/// The shim's clock, in Unix milliseconds.
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
