@@ -18,7 +18,6 @@ bench/out/distance.json and bench/out/distance.md.
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -60,16 +59,11 @@ def build_proxy():
     subprocess.run(["rustc", "-O", "--edition", "2021", str(PROXY_SOURCE), "-o", str(PROXY_BIN)], check=True)
 
 
-def accepts(port):
-    with socket.create_connection(("127.0.0.1", port), timeout=1):
-        return True
-
-
 def proxy(procs, upstream_port, delay_us, name):
     port = bench.free_port()
     process = procs.start([str(PROXY_BIN), f"127.0.0.1:{port}", f"127.0.0.1:{upstream_port}", str(delay_us)],
                           bench.OUT / f"delay-proxy-{name}.log", core=bench.LOAD_CORE)
-    if not bench.wait_until("delay proxy", lambda: accepts(port), 10, process):
+    if not bench.wait_until("delay proxy", lambda: bench.accepts(port), 10, process):
         sys.exit("bench: the delay proxy did not start")
     return port
 

@@ -58,17 +58,8 @@ class Peer:
         self.process = procs.start([path, "-b", "127.0.0.1", "-p", str(self.port), "-B", "127.0.0.1",
                                     "-P", str(http_port), str(limits), "redis", f"redis://127.0.0.1:{redis.port}"],
                                    bench.OUT / "peer.log", core=bench.LOAD_CORE)
-        if not bench.wait_until("Limitador", lambda: listening(self.port), 20, self.process):
+        if not bench.wait_until("Limitador", lambda: bench.accepts(self.port), 20, self.process):
             sys.exit("bench: Limitador did not start; see bench/out/peer.log")
-
-
-def listening(port):
-    import socket
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def wasm_exact():

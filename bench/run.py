@@ -233,6 +233,12 @@ def wait_until(what, predicate, timeout=30.0, process=None):
     return False
 
 
+def accepts(port):
+    """Whether something listens on `port` (raises OSError when not: see wait_until)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+
+
 def http_get(url, timeout=2.0):
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return response.read().decode()
