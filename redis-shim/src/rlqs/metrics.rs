@@ -23,14 +23,19 @@ pub struct RlqsMetrics {
 }
 
 impl RlqsMetrics {
-    pub fn stream_opened(&self) {
-        self.streams_open.fetch_add(1, Relaxed);
+    /// Counts a stream open unless `max` already are (then counts it refused): the
+    /// gauge is the bound's own count.
+    pub fn open_stream(&self, max: usize) -> bool {
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        if self.streams_open.fetch_add(1, Relaxed) >= max {
+            self.streams_open.fetch_sub(1, Relaxed);
+            self.streams_refused.fetch_add(1, Relaxed);
+            return false;
+        }
+        true
     }
     pub fn stream_closed(&self) {
         self.streams_open.fetch_sub(1, Relaxed);
-    }
-    pub fn stream_refused(&self) {
-        self.streams_refused.fetch_add(1, Relaxed);
     }
     pub fn report(&self) {
         self.reports.fetch_add(1, Relaxed);
@@ -109,5 +114,23 @@ impl RlqsMetrics {
                 value.load(Relaxed)
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_past_the_bound_are_refused_and_counted() {
+        let metrics = RlqsMetrics::default();
+        assert!(metrics.open_stream(2) && metrics.open_stream(2));
+        assert!(!metrics.open_stream(2));
+        metrics.stream_closed();
+        assert!(metrics.open_stream(2));
+        let mut text = String::new();
+        metrics.render(&mut text);
+        assert!(text.contains("rlshim_rlqs_streams_open 2\n"), "{text}");
+        assert!(text.contains("rlshim_rlqs_streams_refused_total 1\n"), "{text}");
     }
 }

@@ -14,7 +14,6 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use ratelimit_wire::TOKEN_HEADER;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -27,29 +26,21 @@ pub struct RlqsService {
     shim: Arc<Shim>,
     config: Arc<RlsConfig>,
     stop: watch::Receiver<bool>,
-    open: Arc<AtomicUsize>,
 }
 
 impl RlqsService {
     pub fn new(shim: Arc<Shim>, config: Arc<RlsConfig>, stop: watch::Receiver<bool>) -> RlqsService {
-        RlqsService {
-            shim,
-            config,
-            stop,
-            open: Arc::new(AtomicUsize::new(0)),
-        }
+        RlqsService { shim, config, stop }
     }
 }
 
-/// Holds one of the bounded stream places while a stream lives.
+/// Holds one of the bounded stream places (counted in the metrics) while a stream lives.
 struct OpenStream {
-    open: Arc<AtomicUsize>,
     shim: Arc<Shim>,
 }
 
 impl Drop for OpenStream {
     fn drop(&mut self) {
-        self.open.fetch_sub(1, Ordering::Relaxed);
         self.shim.metrics.rlqs.stream_closed();
     }
 }
@@ -68,16 +59,12 @@ impl RateLimitQuotaService for RlqsService {
                 "missing or wrong {TOKEN_HEADER}"
             )));
         }
-        if self.open.fetch_add(1, Ordering::Relaxed) >= MAX_STREAMS {
-            self.open.fetch_sub(1, Ordering::Relaxed);
-            metrics.stream_refused();
+        if !metrics.open_stream(MAX_STREAMS) {
             return Err(Status::resource_exhausted(format!(
                 "more than {MAX_STREAMS} quota streams open"
             )));
         }
-        metrics.stream_opened();
         let place = OpenStream {
-            open: self.open.clone(),
             shim: self.shim.clone(),
         };
         let (answers, outbound) = mpsc::channel(4);
