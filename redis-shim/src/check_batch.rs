@@ -8,6 +8,7 @@ use crate::admission::OVERLOADED;
 use crate::check::{answer_outcome, invalid_request, respond};
 use crate::decision::{self, DecideError, Decision};
 use crate::endpoint::{error, Admitted, Refusal, Reply, Shim};
+use crate::log_once::OncePerKey;
 use crate::metrics::RequestOutcome;
 use crate::redis_store::SharedScript;
 use crate::scripts::RequestChecks;
@@ -22,8 +23,6 @@ use ratelimit_wire::{
     BatchAnswer, BatchCheckRequest, BatchCheckResponse, CheckRequest, CheckResponse, CheckResult,
     UnsupportedCheck, WireVersion, VERSION_HEADER,
 };
-use std::collections::HashSet;
-use std::sync::Mutex;
 
 pub async fn check_batch(mut request: Admitted) -> Reply {
     let parsed = read_batch(&request.body, request.stated_version.as_ref()).and_then(|parsed| {
@@ -164,12 +163,8 @@ const LOGGED_FIELDS: usize = 64;
 
 /// Logs each unsupported field the first time a filter sends it.
 fn log_unsupported_once(field: &str) {
-    static LOGGED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-    let Ok(mut logged) = LOGGED.lock() else {
-        return;
-    };
-    let logged = logged.get_or_insert_with(HashSet::new);
-    if logged.len() < LOGGED_FIELDS && logged.insert(field.to_string()) {
+    static LOGGED: OncePerKey = OncePerKey::new(LOGGED_FIELDS);
+    if LOGGED.first(field) {
         tracing::warn!(
             field,
             "a filter sent a field this shim does not know: not honoured, answered as not supported (upgrade the shim)"

@@ -57,6 +57,7 @@ pub mod endpoint;
 #[cfg(test)]
 mod fake_store;
 mod grpc;
+mod log_once;
 pub mod metrics;
 mod operator;
 pub mod peek;

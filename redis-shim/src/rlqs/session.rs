@@ -12,6 +12,7 @@ use crate::adjustments::adjust_counters;
 use crate::check::respond;
 use crate::decision;
 use crate::endpoint::Shim;
+use crate::log_once::OncePerKey;
 use crate::rls::config::RlsConfig;
 use crate::rls::service::now_ms;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
@@ -19,8 +20,8 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use futures_util::future::join_all;
 use ratelimit_wire::{Check, CheckRequest, CheckResult, Settlement, TokenReturn};
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::Status;
 
@@ -245,15 +246,15 @@ impl Session {
 /// A limit whose period is shorter than a few of Envoy's reports cannot be served through
 /// grants: an Envoy gets at most one grant per report. Said once per limit, loudly.
 fn warn_once_if_too_short(limit: &BucketLimit) {
-    static WARNED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    // Keys are limits of the configuration: the bound is only a backstop.
+    static WARNED: OncePerKey = OncePerKey::new(4096);
     let BucketLimit::Limited { counter, path, .. } = limit else {
         return;
     };
     if counter.period_ms >= 12 * ENVOY_REPORT_INTERVAL_MS {
         return;
     }
-    let mut warned = WARNED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if warned.get_or_insert_with(HashSet::new).insert(path.clone()) {
+    if WARNED.first(path) {
         tracing::warn!(
             limit = %path,
             "RLQS: Envoy reports every {} s, and gets at most one grant per report: a limit of a shorter period than a minute is served far below its rate (use the Wasm filter or the rate-limit service for it)",
