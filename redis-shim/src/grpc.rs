@@ -5,12 +5,11 @@
 
 use crate::config::RlsOptions;
 use crate::endpoint::Shim;
+use crate::envoy_api::server::{RateLimitQuotaServer, RateLimitServer};
 use crate::rlqs::service::RlqsService;
 use crate::rls::service::RlsService;
 use crate::rls::{config, filter_rule};
 use axum::Router;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -52,7 +51,7 @@ pub async fn prepare(
     };
     let rlqs = RlqsService::new(shim, config, stop);
     let routes =
-        Routes::new(RateLimitServiceServer::new(rls)).add_service(RateLimitQuotaServiceServer::new(rlqs));
+        Routes::new(RateLimitServer(Arc::new(rls))).add_service(RateLimitQuotaServer(Arc::new(rlqs)));
     Ok((listener, routes.into_axum_router()))
 }
 

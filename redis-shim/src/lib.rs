@@ -54,6 +54,7 @@ mod connection_cap;
 pub mod counters;
 pub mod decision;
 pub mod endpoint;
+pub mod envoy_api;
 #[cfg(test)]
 mod fake_store;
 mod grpc;

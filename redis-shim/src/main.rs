@@ -7,6 +7,9 @@
 use clap::Parser;
 use redis_shim::cli::{Args, Command, LogFormat};
 use redis_shim::run;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -21,13 +24,24 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 
 #[tokio::main]
 async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
+    // RUST_LOG as targets and levels ("info", "redis_shim=debug,warn"), without the
+    // regular expressions of tracing's EnvFilter, which the shim's build would carry.
+    let rust_log = std::env::var("RUST_LOG").ok().filter(|value| !value.is_empty());
+    let parsed = rust_log.as_deref().map(str::parse::<Targets>);
+    let filter = match &parsed {
+        Some(Ok(targets)) => targets.clone(),
+        _ => Targets::new().with_default(tracing::Level::INFO),
+    };
+    let logs = tracing_subscriber::fmt().with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
     match args.log_format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().flatten_event(true).init(),
+        LogFormat::Text => logs.finish().with(filter).init(),
+        LogFormat::Json => logs.json().flatten_event(true).finish().with(filter).init(),
+    }
+    if let Some(Err(refused)) = parsed {
+        tracing::warn!(
+            "RUST_LOG={:?}: {refused}; logging at info",
+            rust_log.unwrap_or_default()
+        );
     }
     if let Err(refused) = args.check_exposure() {
         tracing::error!("{refused}");

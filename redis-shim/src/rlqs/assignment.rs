@@ -6,14 +6,11 @@
 //! where there was no bucket. So a new grant goes out as two actions applied in order, a
 //! blanket rule that drops the old bucket and the grant's own: it starts with its tokens.
 
-use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
-use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
-    AbandonAction, BucketAction as Action, QuotaAssignmentAction,
+use crate::envoy_api::messages::protobuf::{Duration, UInt32Value};
+use crate::envoy_api::messages::quota::{
+    AbandonAction, Action, BlanketRule, BucketAction, BucketId, QuotaAssignmentAction, RateLimitStrategy,
+    Strategy, TokenBucket,
 };
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
-use envoy_types::pb::google::protobuf::{Duration, UInt32Value};
 
 use super::bucket::BucketKey;
 

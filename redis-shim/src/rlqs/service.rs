@@ -7,12 +7,9 @@
 
 use super::session::Session;
 use crate::endpoint::Shim;
+use crate::envoy_api::messages::quota::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
 use crate::rls::config::RlsConfig;
 use crate::rls::service::presented_token;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaService;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-    RateLimitQuotaResponse, RateLimitQuotaUsageReports,
-};
 use ratelimit_wire::TOKEN_HEADER;
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
@@ -45,14 +42,14 @@ impl Drop for OpenStream {
     }
 }
 
-#[tonic::async_trait]
-impl RateLimitQuotaService for RlqsService {
-    type StreamRateLimitQuotasStream = ReceiverStream<Result<RateLimitQuotaResponse, Status>>;
+/// The answers of one quota stream, in order.
+pub type QuotaStream = ReceiverStream<Result<RateLimitQuotaResponse, Status>>;
 
-    async fn stream_rate_limit_quotas(
+impl RlqsService {
+    pub async fn stream_rate_limit_quotas(
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
-    ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
+    ) -> Result<Response<QuotaStream>, Status> {
         let metrics = &self.shim.metrics.rlqs;
         if !self.shim.accepts_token(presented_token(request.metadata())) {
             return Err(Status::unauthenticated(format!(

@@ -12,12 +12,10 @@ use crate::adjustments::adjust_counters;
 use crate::check::respond;
 use crate::decision;
 use crate::endpoint::Shim;
+use crate::envoy_api::messages::quota::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
 use crate::log_once::OncePerKey;
 use crate::rls::config::RlsConfig;
 use crate::rls::service::now_ms;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-    RateLimitQuotaResponse, RateLimitQuotaUsageReports,
-};
 use futures_util::future::join_all;
 use ratelimit_wire::{Check, CheckRequest, CheckResult, Settlement, TokenReturn};
 use std::collections::HashMap;

@@ -211,10 +211,8 @@ pub fn check_each_rule_shared_once(config: &RlsConfig) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::envoy_api::messages::ratelimit::{Entry, RateLimitDescriptor, RateLimitRequest};
     use crate::rls::plan::plan;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
     use ratelimit_wire::Check;
 
     /// The filter's plugin configuration: one rule per key part a descriptor supplies.

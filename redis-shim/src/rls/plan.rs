@@ -8,11 +8,10 @@ use super::config::{Limit, Rate, RlsConfig, Unit};
 use super::counter_key::counter_key;
 use super::filter_rule::SharedCounter;
 use super::matching::find_limit;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    rate_limit::Unit as PbUnit, Code, DescriptorStatus, RateLimit,
+use crate::envoy_api::messages::protobuf::Duration as PbDuration;
+use crate::envoy_api::messages::ratelimit::{
+    Code, DescriptorStatus, RateLimit, RateLimitRequest, RateLimitResponse, Unit as PbUnit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use ratelimit_wire::{Algorithm, Check, CheckResult, MAX_LIMIT};
 use std::collections::HashSet;
 
@@ -284,7 +283,6 @@ pub fn answer(plan: &Plan, results: &[CheckResult], now_ms: u64) -> RateLimitRes
     RateLimitResponse {
         overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
         statuses,
-        ..Default::default()
     }
 }
 
@@ -307,18 +305,14 @@ fn status(code: Code, limit: Option<&Applied>, remaining: u32, reset_ms: Option<
             seconds: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
             nanos: i32::try_from(ms % 1000 * 1_000_000).unwrap_or(0),
         }),
-        quota: None,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-        Entry, RateLimitOverride,
-    };
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    use envoy_types::pb::google::protobuf::UInt64Value;
+    use crate::envoy_api::messages::protobuf::UInt64Value;
+    use crate::envoy_api::messages::ratelimit::{Entry, RateLimitDescriptor, RateLimitOverride};
 
     fn config() -> RlsConfig {
         RlsConfig::from_yaml(

@@ -12,11 +12,9 @@ use crate::admission::OVERLOADED;
 use crate::check::respond;
 use crate::decision;
 use crate::endpoint::Shim;
+use crate::envoy_api::messages::ratelimit::{Code, RateLimitRequest, RateLimitResponse};
 use crate::scripts::Mode;
 use crate::store::{check_group, Store, StoreError};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use ratelimit_wire::{Check, CheckRequest, CheckResult, TOKEN_HEADER};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -28,9 +26,8 @@ pub struct RlsService {
     pub config: Arc<RlsConfig>,
 }
 
-#[tonic::async_trait]
-impl RateLimitService for RlsService {
-    async fn should_rate_limit(
+impl RlsService {
+    pub async fn should_rate_limit(
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {

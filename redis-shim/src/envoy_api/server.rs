@@ -1,0 +1,110 @@
+//! The two gRPC services as tonic serves them: each routes its one method's path to the
+//! shim's service ([`RlsService`], [`RlqsService`]) through tonic's protobuf codec, and
+//! answers any other path `UNIMPLEMENTED`, as a generated server would.
+
+use super::messages::quota::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+use super::messages::ratelimit::{RateLimitRequest, RateLimitResponse};
+use crate::rlqs::service::{QuotaStream, RlqsService};
+use crate::rls::service::RlsService;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tonic::body::Body as GrpcBody;
+use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
+use tonic::server::{Grpc, NamedService, StreamingService, UnaryService};
+use tonic::{Request, Response, Status, Streaming};
+use tonic_prost::ProstCodec;
+
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+const STREAM_RATE_LIMIT_QUOTAS: &str =
+    "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
+
+/// `envoy.service.ratelimit.v3.RateLimitService`.
+#[derive(Clone)]
+pub struct RateLimitServer(pub Arc<RlsService>);
+
+/// `envoy.service.rate_limit_quota.v3.RateLimitQuotaService`.
+#[derive(Clone)]
+pub struct RateLimitQuotaServer(pub Arc<RlqsService>);
+
+impl NamedService for RateLimitServer {
+    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
+}
+
+impl NamedService for RateLimitQuotaServer {
+    const NAME: &'static str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
+}
+
+impl UnaryService<RateLimitRequest> for RateLimitServer {
+    type Response = RateLimitResponse;
+    type Future = BoxFuture<Response<RateLimitResponse>, Status>;
+
+    fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move { service.should_rate_limit(request).await })
+    }
+}
+
+impl StreamingService<RateLimitQuotaUsageReports> for RateLimitQuotaServer {
+    type Response = RateLimitQuotaResponse;
+    type ResponseStream = QuotaStream;
+    type Future = BoxFuture<Response<QuotaStream>, Status>;
+
+    fn call(&mut self, request: Request<Streaming<RateLimitQuotaUsageReports>>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move { service.stream_rate_limit_quotas(request).await })
+    }
+}
+
+impl<B> Service<http::Request<B>> for RateLimitServer
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<GrpcBody>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let method = self.clone();
+        Box::pin(async move {
+            if request.uri().path() != SHOULD_RATE_LIMIT {
+                return Ok(unimplemented());
+            }
+            Ok(Grpc::new(ProstCodec::default()).unary(method, request).await)
+        })
+    }
+}
+
+impl<B> Service<http::Request<B>> for RateLimitQuotaServer
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<GrpcBody>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let method = self.clone();
+        Box::pin(async move {
+            if request.uri().path() != STREAM_RATE_LIMIT_QUOTAS {
+                return Ok(unimplemented());
+            }
+            Ok(Grpc::new(ProstCodec::default()).streaming(method, request).await)
+        })
+    }
+}
+
+/// A method the service does not have: gRPC status `UNIMPLEMENTED`, no body.
+fn unimplemented() -> http::Response<GrpcBody> {
+    Status::unimplemented("no such method").into_http()
+}
