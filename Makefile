@@ -1,6 +1,6 @@
 # ratelimit-wasm: `make demo` shows it working, `make test` runs every test.
 WASM := target/wasm32-wasip1/release/ratelimit_wasm.wasm
-SHIM := target/release/redis-shim
+SHIM := target/shim/redis-shim
 
 .PHONY: setup setup-demo build wasm shim test test-wasm unit lint fmt fuzz up down demo clean
 
@@ -24,7 +24,7 @@ wasm:
 	@scripts/build-wasm.sh
 
 shim:
-	@cargo build --quiet --release -p redis-shim
+	@cargo build --quiet --profile shim -p redis-shim
 
 # Unit tests compiled to wasm32 under Node, then native unit tests and the end-to-end
 # tests (real Redis, the real shim, real Envoy loading the built .wasm).

@@ -42,7 +42,7 @@ OUT = ROOT / "bench" / "out"
 # Relative to the repository root, where Envoy runs: no machine path in any config.
 RATELIMIT_WASM = "target/wasm32-wasip1/release/ratelimit_wasm.wasm"
 PASSTHROUGH_WASM = "bench/passthrough/target/passthrough.wasm"
-SHIM_BIN = os.environ.get("SHIM_BIN", "target/release/redis-shim")  # another build: before/after
+SHIM_BIN = os.environ.get("SHIM_BIN", "target/shim/redis-shim")  # another build: before/after
 ENVOY_BIN = os.environ.get("ENVOY_BIN", str(ROOT / ".venv" / "bin" / "envoy"))
 SCRIPTS = ROOT / "redis-shim" / "scripts"
 

@@ -26,7 +26,7 @@ cd "$(dirname "$0")/.."
 out=${1:-dist}
 registry=${REGISTRY:-registry.example.com}
 wasm=target/wasm32-wasip1/release/ratelimit_wasm.wasm
-shim=target/release/redis-shim
+shim=target/shim/redis-shim
 for built in "$wasm" "$shim"; do
     [ -f "$built" ] || { echo "dist: $built is missing: run 'make build' first" >&2; exit 1; }
 done

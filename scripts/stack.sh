@@ -29,7 +29,7 @@ up() {
         --logfile "$PWD/$RUN/redis.log" --daemonize yes --pidfile "$PWD/$RUN/redis.pid"
     wait_for "Redis" redis-cli -p $REDIS_PORT ping
 
-    target/release/redis-shim --listen 127.0.0.1:$SHIM_PORT --redis-url redis://127.0.0.1:$REDIS_PORT \
+    target/shim/redis-shim --listen 127.0.0.1:$SHIM_PORT --redis-url redis://127.0.0.1:$REDIS_PORT \
         </dev/null >"$RUN/shim.log" 2>&1 &
     echo $! >"$RUN/shim.pid"
     wait_for "the shim" curl -sf http://127.0.0.1:$SHIM_PORT/readyz

@@ -875,7 +875,10 @@ fn dockerfile_builds_the_shim_with_the_makefiles_command() {
         .collect::<Vec<_>>()
         .join("\n");
     let docker_args = build_affecting(cargo_build_args(&instructions));
-    assert!(make_args.contains("--release"), "{make_args:?}");
+    assert!(
+        make_args.contains("--profile") && make_args.contains("shim"),
+        "`make shim` builds with the shim's profile: {make_args:?}"
+    );
     assert_eq!(
         docker_args, make_args,
         "the Dockerfile's cargo build differs from `make shim`"
@@ -913,7 +916,7 @@ fn dockerfile_copies_what_the_shim_is_built_from_and_runs_unprivileged() {
                 .collect::<Vec<_>>()
         })
         .collect();
-    // The manifest (with [profile.release]) and the lockfile, then the sources of every
+    // The manifest (with the shim's profile) and the lockfile, then the sources of every
     // crate the shim is built from, and no more: not the filter's (nor proxy-wasm).
     for needed in ["Cargo.toml", "Cargo.lock", "redis-shim"] {
         assert!(

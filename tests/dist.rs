@@ -79,7 +79,7 @@ fn yaml(path: &Path) -> serde_yaml::Value {
 fn a_release_folder_holds_the_pinned_filter_image_the_shim_and_its_notes() {
     let root = repo_root();
     let wasm_path = root.join("target/wasm32-wasip1/release/ratelimit_wasm.wasm");
-    let shim_path = root.join("target/release/redis-shim");
+    let shim_path = root.join("target/shim/redis-shim");
     assert!(
         wasm_path.exists() && shim_path.exists(),
         "run `make build` first: the release packs the built filter and shim"

@@ -20,7 +20,7 @@ pub const TEST_REDIS_TIMEOUT_MS: &str = "10000";
 const STARTUP: Duration = Duration::from_secs(20);
 
 pub fn shim_path() -> PathBuf {
-    built("target/release/redis-shim")
+    built("target/shim/redis-shim")
 }
 
 /// The shim's flags for `redis_url` and `extra_args`, with the tests' Redis timeout
