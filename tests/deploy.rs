@@ -13,7 +13,7 @@ mod support;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 use support::*;
@@ -31,21 +31,19 @@ fn compose() -> Value {
 
 /// All `.yml`/`.yaml` files of the repository, skipping git's, build output and `.venv`.
 fn yaml_files() -> Vec<PathBuf> {
-    fn walk(dir: &Path, found: &mut Vec<PathBuf>) {
-        for entry in fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            let name = path.file_name().unwrap().to_string_lossy().to_string();
-            if path.is_dir() {
-                if ![".git", ".venv", ".run", "target", "node_modules"].contains(&name.as_str()) {
-                    walk(&path, found);
-                }
-            } else if name.ends_with(".yml") || name.ends_with(".yaml") {
-                found.push(path);
-            }
-        }
-    }
-    let mut found = Vec::new();
-    walk(&repo_root(), &mut found);
+    // The repository's files, not what a run left beside them (bench/out, test runs).
+    let listed = Command::new("git")
+        .args(["ls-files", "-z", "--", "*.yml", "*.yaml"])
+        .current_dir(repo_root())
+        .output()
+        .unwrap();
+    assert!(listed.status.success(), "git ls-files failed");
+    let mut found: Vec<PathBuf> = String::from_utf8(listed.stdout)
+        .unwrap()
+        .split('\0')
+        .filter(|name| !name.is_empty())
+        .map(|name| repo_root().join(name))
+        .collect();
     found.sort();
     found
 }
