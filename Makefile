@@ -12,14 +12,16 @@ setup:
 setup-demo:
 	@scripts/setup.sh demo
 
-# The filter and the shim side by side (their cargo target directories differ on the
-# Debian route; on rustup's, cargo's lock takes them one after the other). The shim's
-# build yields to the filter's: the filter's is one chain of crates (std's among them),
-# the shim's many crates fill whatever core that chain leaves idle, so both end sooner.
-build: setup-demo
-	@$(MAKE) --no-print-directory wasm & wasm=$$!; \
-	nice -n 19 $(MAKE) --no-print-directory shim; shim=$$?; \
-	wait $$wasm && exit $$shim
+# The filter and the shim side by side. The shim builds with the machine's toolchain, so
+# its build (its crates' download first) starts at once, beside setup; the filter's waits
+# for setup (Debian's toolchain, on a machine whose rustup has no wasm32 target). Their
+# cargo target directories differ on that route; on rustup's, cargo's lock takes them one
+# after the other. The shim's build yields to the filter's: the filter's is one chain of
+# crates (std's among them), the shim's many crates fill whatever core it leaves idle.
+build:
+	@nice -n 19 $(MAKE) --no-print-directory shim & shim=$$!; \
+	$(MAKE) --no-print-directory setup-demo && $(MAKE) --no-print-directory wasm; built=$$?; \
+	wait $$shim && exit $$built
 
 wasm:
 	@scripts/build-wasm.sh
