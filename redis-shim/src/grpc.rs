@@ -65,7 +65,7 @@ fn load_config(options: &RlsOptions) -> Result<config::RlsConfig, String> {
         None => None,
     };
     let config =
-        config::load(&options.config_path, filter.as_ref()).map_err(|e| format!("--rls-config: {e}"))?;
+        filter_rule::load(&options.config_path, filter.as_ref()).map_err(|e| format!("--rls-config: {e}"))?;
     if filter.is_some() && config.limits().iter().all(|limit| limit.shared.is_none()) {
         tracing::warn!(
             "--rls-filter-config is given but no rate_limit names a filter_rule: nothing is shared"

@@ -217,12 +217,12 @@ descriptors:
         )
         .unwrap();
         let mut config = RlsConfig::default();
-        config
-            .add_file_sharing(
-                "domain: quota\ndescriptors:\n  - key: api_key\n    rate_limit: { unit: minute, requests_per_unit: 40, algorithm: token_bucket, filter_rule: per-key }\n",
-                Some(&filter),
-            )
-            .unwrap();
+        crate::rls::filter_rule::add_file(
+            &mut config,
+            "domain: quota\ndescriptors:\n  - key: api_key\n    rate_limit: { unit: minute, requests_per_unit: 40, algorithm: token_bucket, filter_rule: per-key }\n",
+            &filter,
+        )
+        .unwrap();
         let limited = bucket_limit(&config, "quota", &bucket(&[("api_key", "k1")]));
         let BucketLimit::Limited { counter, .. } = limited else {
             panic!("{limited:?}")

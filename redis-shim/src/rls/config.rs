@@ -4,9 +4,8 @@
 //! names the file and the field's path, and so that the fields envoyproxy/ratelimit
 //! knows but the shim does not run are refused by name instead of ignored.
 
-use super::filter_rule::{share, Position, SharedCounter};
+use super::shared::{Position, SharedCounter};
 pub use super::unit::Unit;
-use ratelimit_rules::config::FilterConfig;
 use ratelimit_wire::{Algorithm, MAX_LIMIT};
 use serde_yaml::{Mapping, Value};
 use std::collections::HashMap;
@@ -63,9 +62,21 @@ pub struct Rate {
     pub algorithm: Algorithm,
 }
 
+/// Links a `rate_limit.filter_rule` to the Wasm filter's rule: given the rule's name, the
+/// limit, where its descriptor sits and the `rate_limit`'s path, the shared counter or why
+/// the two would not count alike ([`super::filter_rule`]).
+pub type ShareRule<'a> = dyn Fn(&str, &Limit, &Position, &str) -> Result<SharedCounter, String> + 'a;
+
+/// The [`ShareRule`] without the filter's configuration: every `filter_rule` refused.
+pub fn no_filter_config(_: &str, _: &Limit, _: &Position, at: &str) -> Result<SharedCounter, String> {
+    Err(format!(
+        "{at}.filter_rule: needs --rls-filter-config, the filter's plugin configuration"
+    ))
+}
+
 /// Loads `path`: a file, or every `.yaml`/`.yml` file of a directory (in name order),
-/// `filter` being the Wasm filter's configuration that `filter_rule`s name.
-pub fn load(path: &Path, filter: Option<&FilterConfig>) -> Result<RlsConfig, String> {
+/// each `filter_rule` linked by `share`.
+pub fn load(path: &Path, share: &ShareRule) -> Result<RlsConfig, String> {
     let files = if path.is_dir() {
         let mut files: Vec<_> = std::fs::read_dir(path)
             .map_err(|e| format!("{}: {e}", path.display()))?
@@ -89,10 +100,9 @@ pub fn load(path: &Path, filter: Option<&FilterConfig>) -> Result<RlsConfig, Str
     for file in files {
         let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
         config
-            .add_file_sharing(&text, filter)
+            .add_file_sharing(&text, share)
             .map_err(|e| format!("{}: {e}", file.display()))?;
     }
-    super::filter_rule::check_each_rule_shared_once(&config)?;
     Ok(config)
 }
 
@@ -100,11 +110,11 @@ impl RlsConfig {
     /// Adds one file's domain; a domain already loaded is refused (as envoyproxy/ratelimit
     /// does without MERGE_DOMAIN_CONFIG).
     pub fn add_file(&mut self, text: &str) -> Result<(), String> {
-        self.add_file_sharing(text, None)
+        self.add_file_sharing(text, &no_filter_config)
     }
 
-    /// As [`RlsConfig::add_file`], with the filter configuration `filter_rule`s name.
-    pub fn add_file_sharing(&mut self, text: &str, filter: Option<&FilterConfig>) -> Result<(), String> {
+    /// As [`RlsConfig::add_file`], each `filter_rule` linked by `share`.
+    pub fn add_file_sharing(&mut self, text: &str, share: &ShareRule) -> Result<(), String> {
         let root: Value = serde_yaml::from_str(text).map_err(|e| format!("not YAML: {e}"))?;
         let root = mapping(&root, "the file")?;
         known_fields(root, "", &["domain", "descriptors"])?;
@@ -119,7 +129,7 @@ impl RlsConfig {
         }
         let mut node = Node::default();
         let context = Context {
-            filter,
+            share,
             above_all_valued: true,
         };
         load_descriptors(
@@ -201,7 +211,7 @@ fn bool_field(map: &Mapping, field: &str, at: &str) -> Result<bool, String> {
 
 /// What a level of descriptors needs to know beyond its own fields.
 struct Context<'a> {
-    filter: Option<&'a FilterConfig>,
+    share: &'a ShareRule<'a>,
     /// Whether every descriptor above this level has a `value`.
     above_all_valued: bool,
 }
@@ -257,7 +267,7 @@ fn load_descriptors(
             above_all_valued: context.above_all_valued,
         };
         let child_context = Context {
-            filter: context.filter,
+            share: context.share,
             above_all_valued: context.above_all_valued && !value.is_empty(),
         };
         let final_key = if value.is_empty() {
@@ -286,7 +296,7 @@ fn load_descriptors(
                 let rule = rule
                     .as_str()
                     .ok_or_else(|| format!("{limit_at}.filter_rule: must be a rule's name"))?;
-                limit.shared = Some(share(context.filter, rule, &limit, &position, &limit_at)?);
+                limit.shared = Some((context.share)(rule, &limit, &position, &limit_at)?);
                 shared_keys.push((key.clone(), limit_at));
             }
             if limit.rate.is_some() && !value.is_empty() {

@@ -10,10 +10,10 @@
 //! counter key is then computed by the filter's own code ([`ratelimit_rules::keys`]) from
 //! the entry's value, as the filter computes it for a request carrying that value.
 
-use super::config::{Limit, RlsConfig};
-use ratelimit_rules::attributes::GivenRequest;
+use super::config::{self, Limit, RlsConfig};
+use super::shared::{Position, SharedCounter};
 use ratelimit_rules::config::{FilterConfig, Rule, Scope};
-use ratelimit_rules::keys::{counter_key, KeyPart};
+use ratelimit_rules::keys::KeyPart;
 use ratelimit_wire::Algorithm;
 use std::collections::HashMap;
 use std::path::Path;
@@ -21,46 +21,24 @@ use std::path::Path;
 /// The descriptor entry Envoy's `remote_address` action writes: the client's IP.
 pub const REMOTE_ADDRESS: &str = "remote_address";
 
-/// A limit counted on a filter rule's counter.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SharedCounter {
-    /// The filter rule's name.
-    pub rule: String,
-    /// The rule's counter name ([`ratelimit_rules::keys::counter_name`]).
-    counter: String,
-    /// The rule's one key part, which the descriptor's last entry supplies.
-    part: KeyPart,
+/// `--rls-config` ([`config::load`]) with its `filter_rule`s linked to `filter`'s rules.
+pub fn load(path: &Path, filter: Option<&FilterConfig>) -> Result<RlsConfig, String> {
+    let config = match filter {
+        Some(filter) => config::load(path, &|rule, limit, position, at| {
+            share(filter, rule, limit, position, at)
+        })?,
+        None => config::load(path, &config::no_filter_config)?,
+    };
+    check_each_rule_shared_once(&config)?;
+    Ok(config)
 }
 
-impl SharedCounter {
-    /// The filter's counter key (before the shim's prefix) for a request whose key part
-    /// holds `value`; `None` where the filter would not count such a request (an empty
-    /// value, or an address that is not an IP).
-    pub fn counter_key(&self, value: &str) -> Option<String> {
-        let request = match &self.part {
-            KeyPart::Header(name) => GivenRequest {
-                headers: vec![(name.clone(), value.to_string())],
-                ..Default::default()
-            },
-            KeyPart::ClientIp => GivenRequest {
-                source_address: Some(value.to_string()),
-                ..Default::default()
-            },
-            _ => return None,
-        };
-        // No trusted hops: the value already is the client's IP, as Envoy resolved it.
-        counter_key(&self.counter, std::slice::from_ref(&self.part), &request, 0)
-    }
-}
-
-/// Where in its tree the descriptor holding a shared limit sits.
-pub struct Position<'a> {
-    /// Its `key`.
-    pub key: &'a str,
-    /// Whether it has a `value` of its own.
-    pub has_value: bool,
-    /// Whether every descriptor above it has a `value`.
-    pub above_all_valued: bool,
+/// Adds one file to `config` ([`RlsConfig::add_file`]) with its `filter_rule`s linked to
+/// `filter`'s rules.
+pub fn add_file(config: &mut RlsConfig, text: &str, filter: &FilterConfig) -> Result<(), String> {
+    config.add_file_sharing(text, &|rule, limit, position, at| {
+        share(filter, rule, limit, position, at)
+    })
 }
 
 /// `--rls-filter-config`: the filter's plugin configuration, parsed and checked by the
@@ -73,18 +51,13 @@ pub fn load_filter_config(path: &Path) -> Result<FilterConfig, String> {
 /// Links `limit` (configured at `at`, its `rate_limit`) to the filter rule `rule_name`,
 /// or says why the two would not count alike.
 pub fn share(
-    filter: Option<&FilterConfig>,
+    filter: &FilterConfig,
     rule_name: &str,
     limit: &Limit,
     position: &Position,
     at: &str,
 ) -> Result<SharedCounter, String> {
     let field = format!("{at}.filter_rule");
-    let Some(filter) = filter else {
-        return Err(format!(
-            "{field}: needs --rls-filter-config, the filter's plugin configuration"
-        ));
-    };
     let Some(rule) = filter.rules.iter().find(|rule| rule.name == rule_name) else {
         let names: Vec<&str> = filter.rules.iter().map(|rule| rule.name.as_str()).collect();
         return Err(format!(
@@ -213,6 +186,7 @@ mod tests {
     use super::*;
     use crate::envoy_api::messages::ratelimit::{Entry, RateLimitDescriptor, RateLimitRequest};
     use crate::rls::plan::plan;
+    use ratelimit_rules::attributes::GivenRequest;
     use ratelimit_wire::Check;
 
     /// The filter's plugin configuration: one rule per key part a descriptor supplies.
@@ -252,7 +226,7 @@ descriptors:
 
     fn load(yaml: &str) -> Result<RlsConfig, String> {
         let mut config = RlsConfig::default();
-        config.add_file_sharing(yaml, Some(&filter()))?;
+        add_file(&mut config, yaml, &filter())?;
         check_each_rule_shared_once(&config)?;
         Ok(config)
     }

@@ -7,7 +7,8 @@
 //!   ([`unit`]: its units);
 //! - [`matching`]: which limit a descriptor falls under;
 //! - [`counter_key`]: its counter's Redis key, hashed;
-//! - [`filter_rule`]: a limit sharing a Wasm filter rule's counter (mixed fleets);
+//! - [`filter_rule`]: a limit sharing a Wasm filter rule's counter (mixed fleets), as
+//!   [`shared`] records it;
 //! - [`plan`]: a request into checks, and their results into the answer (no I/O);
 //! - [`service`]: the gRPC service (token, in-flight bound, decision);
 //! - [`metrics`]: its counters on `GET /metrics`.
@@ -22,4 +23,5 @@ pub mod matching;
 pub mod metrics;
 pub mod plan;
 pub mod service;
+pub mod shared;
 pub mod unit;

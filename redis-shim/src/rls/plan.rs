@@ -6,8 +6,8 @@
 
 use super::config::{Limit, Rate, RlsConfig, Unit};
 use super::counter_key::counter_key;
-use super::filter_rule::SharedCounter;
 use super::matching::find_limit;
+use super::shared::SharedCounter;
 use crate::envoy_api::messages::protobuf::Duration as PbDuration;
 use crate::envoy_api::messages::ratelimit::{
     Code, DescriptorStatus, RateLimit, RateLimitRequest, RateLimitResponse, Unit as PbUnit,
