@@ -5,7 +5,7 @@
 
 use crate::config::RlsOptions;
 use crate::endpoint::Shim;
-use crate::envoy_api::server::{RateLimitQuotaServer, RateLimitServer};
+use crate::envoy_api::server::{RateLimitQuotaServer, RateLimitServer, Routed};
 use crate::rlqs::service::RlqsService;
 use crate::rls::service::RlsService;
 use crate::rls::{config, filter_rule};
@@ -50,8 +50,8 @@ pub async fn prepare(
         config: config.clone(),
     };
     let rlqs = RlqsService::new(shim, config, stop);
-    let routes =
-        Routes::new(RateLimitServer(Arc::new(rls))).add_service(RateLimitQuotaServer(Arc::new(rlqs)));
+    let routes = Routes::new(Routed(RateLimitServer(Arc::new(rls))))
+        .add_service(Routed(RateLimitQuotaServer(Arc::new(rlqs))));
     Ok((listener, routes.into_axum_router()))
 }
 

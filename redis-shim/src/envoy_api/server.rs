@@ -7,6 +7,7 @@ use super::messages::ratelimit::{RateLimitRequest, RateLimitResponse};
 use crate::rlqs::service::{QuotaStream, RlqsService};
 use crate::rls::service::RlsService;
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tonic::body::Body as GrpcBody;
@@ -14,10 +15,6 @@ use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 use tonic::server::{Grpc, NamedService, StreamingService, UnaryService};
 use tonic::{Request, Response, Status, Streaming};
 use tonic_prost::ProstCodec;
-
-const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-const STREAM_RATE_LIMIT_QUOTAS: &str =
-    "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
 
 /// `envoy.service.ratelimit.v3.RateLimitService`.
 #[derive(Clone)]
@@ -56,32 +53,52 @@ impl StreamingService<RateLimitQuotaUsageReports> for RateLimitQuotaServer {
     }
 }
 
-impl<B> Service<http::Request<B>> for RateLimitServer
-where
-    B: Body + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
-    type Response = http::Response<GrpcBody>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Infallible>;
+/// A gRPC service of one method: its path, and how tonic's protobuf codec answers it.
+pub trait OneMethod: Clone + Send + 'static {
+    const PATH: &'static str;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
+    fn answer<B>(self, request: http::Request<B>) -> impl Future<Output = http::Response<GrpcBody>> + Send
+    where
+        B: Body + Send + 'static,
+        B::Error: Into<StdError> + Send + 'static;
+}
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let method = self.clone();
-        Box::pin(async move {
-            if request.uri().path() != SHOULD_RATE_LIMIT {
-                return Ok(unimplemented());
-            }
-            Ok(Grpc::new(ProstCodec::default()).unary(method, request).await)
-        })
+impl OneMethod for RateLimitServer {
+    const PATH: &'static str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+    async fn answer<B>(self, request: http::Request<B>) -> http::Response<GrpcBody>
+    where
+        B: Body + Send + 'static,
+        B::Error: Into<StdError> + Send + 'static,
+    {
+        Grpc::new(ProstCodec::default()).unary(self, request).await
     }
 }
 
-impl<B> Service<http::Request<B>> for RateLimitQuotaServer
+impl OneMethod for RateLimitQuotaServer {
+    const PATH: &'static str =
+        "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
+
+    async fn answer<B>(self, request: http::Request<B>) -> http::Response<GrpcBody>
+    where
+        B: Body + Send + 'static,
+        B::Error: Into<StdError> + Send + 'static,
+    {
+        Grpc::new(ProstCodec::default()).streaming(self, request).await
+    }
+}
+
+/// Routes a request to `S`'s one method, or answers `UNIMPLEMENTED`.
+#[derive(Clone)]
+pub struct Routed<S>(pub S);
+
+impl<S: OneMethod + NamedService> NamedService for Routed<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> Service<http::Request<B>> for Routed<S>
 where
+    S: OneMethod,
     B: Body + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {
@@ -94,12 +111,12 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let method = self.clone();
+        let method = self.0.clone();
         Box::pin(async move {
-            if request.uri().path() != STREAM_RATE_LIMIT_QUOTAS {
+            if request.uri().path() != S::PATH {
                 return Ok(unimplemented());
             }
-            Ok(Grpc::new(ProstCodec::default()).streaming(method, request).await)
+            Ok(method.answer(request).await)
         })
     }
 }
