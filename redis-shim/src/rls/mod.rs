@@ -4,7 +4,7 @@
 //! the same Redis functions and decision path as the filter's checks (`docs/RLS.md`).
 //!
 //! - [`config`]: the YAML into descriptor trees, every unsupported field refused by name
-//!   ([`unit`]: its units);
+//!   ([`unit`]: its units; `yaml_fields`: its field readers);
 //! - [`matching`]: which limit a descriptor falls under;
 //! - [`counter_key`]: its counter's Redis key, hashed;
 //! - [`filter_rule`]: a limit sharing a Wasm filter rule's counter (mixed fleets), as
@@ -25,3 +25,4 @@ pub mod plan;
 pub mod service;
 pub mod shared;
 pub mod unit;
+mod yaml_fields;
