@@ -18,9 +18,12 @@ if [ ! -x /usr/bin/cargo ] || [ ! -d /usr/lib/rustlib/src/rust ]; then
     exit 1
 fi
 # std without its default features: its backtrace support (object, gimli, addr2line) has
-# nothing to read on wasm32 and was about a tenth of this build's CPU.
+# nothing to read on wasm32 and was about a tenth of this build's CPU. The linker is lld-22's
+# wasm-ld, the binary rustc-web's rust-lld links to, named directly: rust-lld's package
+# (rust-web-llvm) would bring llvm-22's tools too, about 95 MB for a first run to unpack.
 PATH=/usr/bin:$PATH RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 \
 RUSTFLAGS="-L /usr/lib/wasm32-wasi" CARGO_TARGET_DIR=target/wasm-debian \
+CARGO_TARGET_WASM32_WASIP1_LINKER=/usr/lib/llvm-22/bin/wasm-ld \
     /usr/bin/cargo build --quiet --release --target wasm32-wasip1 -p ratelimit-wasm \
     -Zbuild-std=std,panic_abort -Zbuild-std-features=
 mkdir -p "$(dirname "$out")"
