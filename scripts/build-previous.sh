@@ -30,6 +30,11 @@ if [ ! -f "$dir/built" ]; then
     GIT_INDEX_FILE=$(pwd)/$dir/index git read-tree "$commit"
     GIT_INDEX_FILE=$(pwd)/$dir/index git --work-tree="$dir/src" checkout-index --all
     started=$(date +%s)
+    # On Debian's route its build-wasm.sh links with rust-lld, which setup no longer
+    # installs: it gets the linker today's build-wasm.sh uses, lld-22's wasm-ld.
+    if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
+        export CARGO_TARGET_WASM32_WASIP1_LINKER=/usr/lib/llvm-22/bin/wasm-ld
+    fi
     (cd "$dir/src" && cargo build --quiet --locked --release -p redis-shim && scripts/build-wasm.sh)
     echo "build-previous: built $tag ($commit) in $(($(date +%s) - started)) s" >&2
     echo "$commit" >"$dir/built"
