@@ -32,9 +32,10 @@ fi
 bench/.venv/bin/python bench/run.py "$@"
 bench/.venv/bin/python bench/plot.py
 # Redis's own time per check, each algorithm against its floor script; then Redis and
-# shim CPU per check with 1, 4 and 16 concurrent callers.
+# shim CPU per check with 1, 4 and 16 concurrent callers, on one Redis and on a cluster.
 bench/.venv/bin/python bench/redis_work.py
 bench/.venv/bin/python bench/coalescing.py
+bench/.venv/bin/python bench/coalescing.py --cluster
 # The same paths a network hop away (bench/delay_proxy.rs, built here with rustc).
 bench/.venv/bin/python bench/distance.py
 # Envoy's native rate-limit filter through the shim's gRPC service, against the Wasm filter.

@@ -7,7 +7,9 @@ their workers), each in a closed loop posting `/v1/check-batch` with one request
 token-bucket check (bench/shim-batch-lone.lua, 2,000 keys), --duration seconds each.
 Per check: on-CPU time of the shim's and Redis's threads (/proc/<pid>/task/*/schedstat)
 and requests per FCALL (`INFO commandstats`). Set SHIM_BIN to measure another build
-(before/after). Prints a table and writes bench/out/coalescing.json.
+(before/after). With --cluster, a Redis Cluster of three masters instead of one Redis
+(the keys fall in 2,000 slots over the three). Prints a table and writes
+bench/out/coalescing.json (coalescing-cluster.json).
 """
 
 import argparse
@@ -18,22 +20,29 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import ENVOY_CORE, OUT, ROOT, SHIM_BIN, Processes, Redis, Shim, cpu_ns, pin, wrk  # noqa: E402
+from run import ENVOY_CORE, OUT, ROOT, SHIM_BIN, Processes, Redis, RedisCluster, Shim, cpu_ns, pin, wrk  # noqa: E402
 
 CALLERS = (1, 4, 16)
 
 
 def fcalls(redis):
-    m = re.search(r"cmdstat_fcall:calls=(\d+)", redis.cli("INFO", "commandstats"))
-    return int(m.group(1)) if m else 0
+    total = 0
+    for node in getattr(redis, "nodes", [redis]):
+        m = re.search(r"cmdstat_fcall:calls=(\d+)", node.cli("INFO", "commandstats"))
+        total += int(m.group(1)) if m else 0
+    return total
+
+
+def redis_cpu_ns(redis):
+    return sum(cpu_ns(pid) for pid in redis.pids())
 
 
 def measure(shim, redis, callers, seconds):
     wrk(f"http://127.0.0.1:{shim.port}/v1/check-batch", 1, callers, script=ROOT / "bench" / "shim-batch-lone.lua")
-    before = (cpu_ns(shim.process.pid), cpu_ns(redis.process.pid), fcalls(redis))
+    before = (cpu_ns(shim.process.pid), redis_cpu_ns(redis), fcalls(redis))
     load = wrk(f"http://127.0.0.1:{shim.port}/v1/check-batch", seconds, callers,
                script=ROOT / "bench" / "shim-batch-lone.lua")
-    after = (cpu_ns(shim.process.pid), cpu_ns(redis.process.pid), fcalls(redis))
+    after = (cpu_ns(shim.process.pid), redis_cpu_ns(redis), fcalls(redis))
     checks = load["requests"]
     if not checks or load["non_2xx"] or load["socket_errors"]:
         sys.exit(f"coalescing: the load failed: {load}")
@@ -55,23 +64,29 @@ def table(rows):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=int, default=4, help="seconds per load phase")
+    parser.add_argument("--cluster", action="store_true", help="a Redis Cluster of three masters")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     procs = Processes()
     try:
-        redis = Redis(procs)
-        shim = Shim(procs, redis.port)
+        if args.cluster:
+            redis = RedisCluster(procs)
+            shim = Shim(procs, None, cluster=redis)
+        else:
+            redis = Redis(procs)
+            shim = Shim(procs, redis.port)
         # Redis and the shim share core 0; wrk has core 1.
-        pin(redis.process.pid, ENVOY_CORE)
-        pin(shim.process.pid, ENVOY_CORE)
+        for pid in [*redis.pids(), shim.process.pid]:
+            pin(pid, ENVOY_CORE)
         rows = []
         for callers in CALLERS:
             rows.append(measure(shim, redis, callers, args.duration))
             print(f"  {callers} callers: {rows[-1]['checks_per_fcall']:.2f} checks per FCALL", flush=True)
     finally:
         procs.stop_all()
-    (OUT / "coalescing.json").write_text(json.dumps({"shim": SHIM_BIN, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                                     "rows": rows}, indent=1))
+    name = "coalescing-cluster.json" if args.cluster else "coalescing.json"
+    (OUT / name).write_text(json.dumps({"shim": SHIM_BIN, "cluster": args.cluster,
+                                        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}, indent=1))
     print()
     print(table(rows))
 

@@ -1,6 +1,7 @@
 //! The shim against a real three-master Redis Cluster on loopback: keys of one client
-//! share a slot through their hash tag and are decided in one script; a request whose
-//! keys span slots is all or nothing, refunding the slots it charged first.
+//! share a slot through their hash tag and are decided in one script; a batch's requests
+//! bound for one master are decided in one script, whatever their slots; a request whose
+//! keys span masters is all or nothing, refunding the slots it charged first.
 
 mod support;
 
@@ -40,6 +41,112 @@ fn tags_on_different_nodes(cluster: &RedisCluster) -> (String, String) {
     (first, second)
 }
 
+/// `count` hash tags in distinct slots of the `node`th master.
+fn tags_on_node(cluster: &RedisCluster, node: u16, count: usize) -> Vec<String> {
+    let mut slots = Vec::new();
+    (0..)
+        .map(|i| format!("node{node}-client-{i}"))
+        .filter(|tag| {
+            let slot = cluster.slot(&format!("{{{tag}}}"));
+            let fresh = slot / 5461 == node && !slots.contains(&slot);
+            slots.push(slot);
+            fresh
+        })
+        .take(count)
+        .collect()
+}
+
+/// Scripts run on the cluster while `url` answers `body` with 200.
+fn scripts_for(cluster: &RedisCluster, url: &str, body: &str) -> (u64, Value) {
+    let before = cluster.scripts_run();
+    let reply = post(url, &[], body);
+    assert_eq!(reply.status, 200, "{reply:?}");
+    (
+        cluster.scripts_run() - before,
+        serde_json::from_str(&reply.body).unwrap(),
+    )
+}
+
+/// A batch of one request per tag, each one check of `rule` keyed on its tag.
+fn batch_of(rule: &str, tags: &[String], limit: u64) -> String {
+    let requests: Vec<Value> = tags
+        .iter()
+        .map(|tag| json!({ "checks": [check_of(&format!("{rule}:{{{tag}}}"), "token_bucket", limit, 600_000)] }))
+        .collect();
+    json!({ "requests": requests }).to_string()
+}
+
+/// The shim reads the cluster's map of masters on first use, in the background: until
+/// then it goes slot by slot. Waits until a fresh batch over `tags` costs `scripts`.
+fn wait_for_scripts(cluster: &RedisCluster, url: &str, tags: &[String], scripts: u64) {
+    let mut round = 0;
+    wait_until("calls grouped by master", Duration::from_secs(10), || {
+        round += 1;
+        scripts_for(cluster, url, &batch_of(&format!("warm-{round}"), tags, 5)).0 == scripts
+    });
+}
+
+#[test]
+fn a_batch_runs_one_script_per_master_whatever_the_slots_of_its_requests() {
+    let (cluster, shim) = cluster_and_shim();
+    let url = shim.url("/v1/check-batch");
+    // Thirty clients in thirty slots, ten on each master.
+    let tags: Vec<String> = (0..3).flat_map(|node| tags_on_node(&cluster, node, 10)).collect();
+    wait_for_scripts(&cluster, &url, &tags, 3);
+    for allowed in [true, true, false] {
+        let (scripts, answer) = scripts_for(&cluster, &url, &batch_of("rule", &tags, 2));
+        assert_eq!(scripts, 3, "one script per master");
+        for response in answer["responses"].as_array().unwrap() {
+            assert_eq!(response["decided"]["allowed"], allowed, "{answer}");
+        }
+    }
+    // A request whose keys lie in two slots of one master: one script, all or nothing,
+    // nothing to refund (slot by slot, the loose slot would be charged, then refunded).
+    let loose = check_of(&format!("loose:{{{}}}", tags[0]), "token_bucket", 10, 600_000);
+    let tight = check_of(&format!("tight:{{{}}}", tags[1]), "token_bucket", 1, 600_000);
+    let request = json!({ "requests": [{ "checks": [loose, tight] }] }).to_string();
+    for (allowed, granted) in [(true, 1), (false, 0)] {
+        let (scripts, answer) = scripts_for(&cluster, &url, &request);
+        assert_eq!(scripts, 1);
+        let decided = &answer["responses"][0]["decided"];
+        assert_eq!(decided["allowed"], allowed, "{answer}");
+        assert_eq!(decided["results"][0]["granted"], granted, "{answer}");
+        assert_eq!(decided["results"][0]["remaining"], 9, "{answer}");
+    }
+    let metrics = get(&shim.url("/metrics"), &[]).body;
+    assert!(metrics.contains("rlshim_slot_refunds_total 0\n"), "{metrics}");
+}
+
+#[test]
+fn a_request_whose_slot_moved_after_the_map_was_read_is_decided_slot_by_slot() {
+    let (cluster, shim) = cluster_and_shim();
+    let url = shim.url("/v1/check-batch");
+    let tags = tags_on_node(&cluster, 0, 2);
+    wait_for_scripts(&cluster, &url, &tags, 1);
+    // The second client's slot (no key in it yet) moves to the second master; the shim's
+    // map still puts it on the first.
+    let moving = format!("rl:rule:{{{}}}", tags[1]);
+    cluster.move_empty_slot(cluster.slot(&moving), 0, 1);
+    for remaining in [4, 3] {
+        let (_, answer) = scripts_for(&cluster, &url, &batch_of("rule", &tags, 5));
+        for response in answer["responses"].as_array().unwrap() {
+            assert_eq!(response["decided"]["allowed"], true, "{answer}");
+            assert_eq!(
+                response["decided"]["results"][0]["remaining"], remaining,
+                "{answer}"
+            );
+        }
+    }
+    assert_eq!(
+        redis_cli(cluster.ports[1], &["EXISTS", &moving]).as_deref(),
+        Some("1")
+    );
+    // The map is read again: one script per master, the two clients now on two.
+    wait_for_scripts(&cluster, &url, &tags, 2);
+    let metrics = get(&shim.url("/metrics"), &[]).body;
+    assert!(metrics.contains("rlshim_slot_refunds_total 0\n"), "{metrics}");
+}
+
 #[test]
 fn concurrent_checks_on_one_key_admit_exactly_the_limit_on_a_cluster() {
     let (_cluster, shim) = cluster_and_shim();
@@ -70,7 +177,7 @@ fn rules_sharing_a_hash_tag_are_one_atomic_script() {
 }
 
 #[test]
-fn a_batch_runs_one_script_per_slot_and_each_request_on_its_own() {
+fn a_batch_runs_one_script_per_master_and_each_request_on_its_own() {
     let (cluster, shim) = cluster_and_shim();
     let (tag_a, tag_b) = tags_on_different_nodes(&cluster);
     let client = |rule: &str, tag: &str, limit: u64| {
@@ -92,7 +199,7 @@ fn a_batch_runs_one_script_per_slot_and_each_request_on_its_own() {
     assert_eq!(
         cluster.scripts_run(),
         before + 4,
-        "one script for client a's three requests, one for client b's two, one per slot of the spanning request"
+        "one script for client a's three requests, one for client b's two (each on its own master), one per slot of the spanning request"
     );
     let answer: Value = serde_json::from_str(&reply.body).unwrap();
     let allowed: Vec<&Value> = answer["responses"]

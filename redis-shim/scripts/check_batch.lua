@@ -13,21 +13,4 @@
 -- one of its keys): the other requests are decided all the same, as they would be by
 -- calls of their own.
 
-local now = redis_now_us()
-local charging = ARGV[1] == 'charge'
-local reply = {}
-local first_key, a, last = 1, 2, #ARGV
-while a <= last do
-  local count = tonumber(ARGV[a])
-  local mark = #reply
-  local ran, ok, err = pcall(check_request, first_key, count, a + 1, charging, now, reply)
-  if not ran or not ok then
-    -- A failed redis.call raises a table holding `err`; other errors a string.
-    if not ran then err = type(ok) == 'table' and ok.err or tostring(ok) end
-    for j = #reply, mark + 1, -1 do reply[j] = nil end
-    reply[mark + 1] = err
-  end
-  first_key = first_key + count
-  a = a + 1 + count
-end
-return reply
+return decide_requests(1, 1)

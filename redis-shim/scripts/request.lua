@@ -102,3 +102,29 @@ local function check_request(first_key, count, base, charging, now, reply)
   end
   return true
 end
+
+-- decide_requests(first_key, mode_at): what check_batch.lua and check_node.lua run. The
+-- requests' keys are KEYS[first_key ..], request after request; ARGV[mode_at] is the
+-- mode, then per request its number of checks n followed by each check's parameters.
+-- Returns check_batch.lua's reply: per request its seven values per check, or the error
+-- that stopped it as one string; the other requests are decided all the same.
+local function decide_requests(first_key, mode_at)
+  local now = redis_now_us()
+  local charging = ARGV[mode_at] == 'charge'
+  local reply = {}
+  local a, last = mode_at + 1, #ARGV
+  while a <= last do
+    local count = tonumber(ARGV[a])
+    local mark = #reply
+    local ran, ok, err = pcall(check_request, first_key, count, a + 1, charging, now, reply)
+    if not ran or not ok then
+      -- A failed redis.call raises a table holding `err`; other errors a string.
+      if not ran then err = type(ok) == 'table' and ok.err or tostring(ok) end
+      for j = #reply, mark + 1, -1 do reply[j] = nil end
+      reply[mark + 1] = err
+    end
+    first_key = first_key + count
+    a = a + 1 + count
+  end
+  return reply
+end

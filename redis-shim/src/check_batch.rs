@@ -6,6 +6,7 @@
 use crate::adjustments::adjust_counters;
 use crate::admission::OVERLOADED;
 use crate::check::{answer_outcome, invalid_request, respond};
+use crate::cluster_nodes::moved_away;
 use crate::decision::{self, DecideError, Decision};
 use crate::endpoint::{error, Admitted, Refusal, Reply, Shim};
 use crate::log_once::OncePerKey;
@@ -174,8 +175,9 @@ fn log_unsupported_once(field: &str) {
 
 /// A batch's requests, each validated, decided all or nothing on its own, counted and
 /// logged as `POST /v1/check` does it alone, in as few scripts as their keys allow: on
-/// a standalone Redis one for the whole batch; on a cluster one per slot for the requests
-/// whose keys all lie in it, and slot by slot for each request whose keys span slots.
+/// a standalone Redis one for the whole batch; on a cluster one per master for the
+/// requests whose keys all lie on it, and slot by slot for each request whose keys span
+/// masters.
 /// One script for ten requests costs Redis less than half the CPU per check of ten
 /// scripts (`bench/RESULTS.md`); a script may also carry concurrent calls' requests
 /// bound for the same target ([`crate::coalesce`]).
@@ -218,11 +220,20 @@ async fn decide_batch(shim: &Shim, requests: &[CheckRequest]) -> Vec<Result<Chec
             .collect();
         async move {
             match shim.store.check_requests(script, &requests).await {
-                Ok(rows) => rows
-                    .into_iter()
-                    .zip(&requests)
-                    .map(|(rows, request)| decision::decided_in_batch(rows, request.checks))
-                    .collect(),
+                Ok(rows) => {
+                    let mut decided = Vec::with_capacity(rows.len());
+                    for (rows, request) in rows.into_iter().zip(&requests) {
+                        decided.push(match rows {
+                            // A key's slot left the master: nothing was written, and the
+                            // request is decided again, slot by slot.
+                            Err(error) if moved_away(&error) => {
+                                decision::decide(&shim.store, request.keys, request.checks).await
+                            }
+                            rows => decision::decided_in_batch(rows, request.checks),
+                        });
+                    }
+                    decided
+                }
                 Err(error) => requests
                     .iter()
                     .map(|_| Err(DecideError::nothing_charged(error.duplicate())))

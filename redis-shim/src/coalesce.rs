@@ -1,6 +1,6 @@
 //! Requests of concurrent calls (several Envoys, several workers) merged into one
-//! check_batch.lua call per target: the whole standalone Redis, or one cluster slot (a
-//! function call reaches one slot). Each request is still decided all or nothing on its
+//! check_batch.lua call per target: the whole standalone Redis, or one cluster master
+//! (check_node.lua), or one cluster slot while the shim has no map of the masters. Each request is still decided all or nothing on its
 //! own, as check_batch.lua decides every request of a call.
 //!
 //! No call waits for company: while fewer calls than the target's bound are running on
@@ -47,9 +47,9 @@ pub const MAX_MERGED_REQUESTS: usize = 64;
 /// What a call answers: per request, its rows or its error; or the failure of the call.
 pub type Answer = Result<Vec<RequestRows>, StoreError>;
 
-/// What runs a merged call: check_batch.lua over a list of requests.
-pub trait BatchRunner {
-    fn run_batch(&self, requests: &[RequestChecks<'_>]) -> impl Future<Output = Answer> + Send;
+/// What runs a merged call: check_batch.lua over a list of requests, on a target.
+pub trait BatchRunner<K> {
+    fn run_batch(&self, target: K, requests: &[RequestChecks<'_>]) -> impl Future<Output = Answer> + Send;
 }
 
 /// A request of a caller waiting in a queue, owned so another caller can send it.
@@ -174,7 +174,7 @@ impl<K: Target> Coalescer<K> {
     /// other callers' requests.
     pub async fn check_requests(
         &self,
-        runner: &impl BatchRunner,
+        runner: &impl BatchRunner<K>,
         target_key: K,
         requests: &[RequestChecks<'_>],
     ) -> Answer {
@@ -236,7 +236,7 @@ impl<K: Target> Coalescer<K> {
 async fn lead<K: Target>(
     mut leadership: Leadership<K>,
     own: &[RequestChecks<'_>],
-    runner: &impl BatchRunner,
+    runner: &impl BatchRunner<K>,
     call_us: &AtomicU64,
 ) -> Answer {
     let carried = std::mem::take(&mut leadership.carried);
@@ -254,7 +254,7 @@ async fn lead<K: Target>(
         }));
     }
     let started = Instant::now();
-    let answer = runner.run_batch(&all).await;
+    let answer = runner.run_batch(leadership.target, &all).await;
     let took = started.elapsed().as_micros().min(u64::MAX as u128) as u64;
     // Weight 1/8: a few slow calls move the bound, one does not.
     let average = call_us.load(Ordering::Relaxed);
@@ -294,8 +294,8 @@ mod tests {
         running: AtomicUsize,
     }
 
-    impl BatchRunner for HeldRunner {
-        async fn run_batch(&self, requests: &[RequestChecks<'_>]) -> Answer {
+    impl BatchRunner<u8> for HeldRunner {
+        async fn run_batch(&self, _: u8, requests: &[RequestChecks<'_>]) -> Answer {
             self.running.fetch_add(1, Ordering::SeqCst);
             self.permits.acquire().await.unwrap().forget();
             self.calls.lock().unwrap().push(requests.len());

@@ -48,6 +48,7 @@ mod body;
 mod check;
 mod check_batch;
 pub mod cli;
+mod cluster_nodes;
 mod coalesce;
 pub mod config;
 mod connection_cap;

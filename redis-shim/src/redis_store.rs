@@ -1,5 +1,6 @@
 //! [`RedisStore`]: the [`Store`] on a standalone Redis or a Redis Cluster, chosen by
-//! configuration, and the Redis operations the admin endpoints and readiness need.
+//! configuration (the operations readiness and the admin endpoints need are in
+//! `admin_ops`).
 //!
 //! Standalone or cluster, the connection is multiplexed: every concurrent check shares
 //! one connection (one per cluster node), its commands pipelined, and a handle is a
@@ -7,19 +8,22 @@
 //! reconnect by themselves. Every operation is bounded by the Redis timeout, whatever
 //! the client library does.
 
+use crate::cluster_nodes::{moved_away, slot_of, NodeMap};
 use crate::coalesce::{Answer, BatchRunner, Coalescer};
 use crate::metrics::Metrics;
 use crate::redis_connection::{open, Connection, RedisConfig};
 use crate::scripts::{
-    check_batch_call, check_call, parse_batch_reply, parse_rows, refund_call, Charge, FunctionCall, Library,
-    Mode, RequestChecks, RequestRows, Row,
+    check_batch_call, check_call, check_node_call, parse_batch_reply, parse_rows, refund_call, Charge,
+    FunctionCall, Library, Mode, RequestChecks, RequestRows, Row,
 };
 use crate::store::{group_by_slot, Store, StoreError};
 use ratelimit_wire::Check;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
-use redis::{FromRedisValue, RedisError};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{FromRedisValue, RedisError, Value};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
+
+mod admin_ops;
 
 /// Requests sharing one of these can be decided in one script (see
 /// [`RedisStore::shared_script`]).
@@ -28,7 +32,9 @@ pub enum SharedScript {
     /// A standalone Redis: every key in reach.
     Standalone,
     /// The keys of one cluster slot.
-    Slot(Slot),
+    Slot(u16),
+    /// The keys of one cluster master, named by its lowest slot ([`NodeMap`]).
+    Node(u16),
 }
 
 /// The connection in use and when it was opened.
@@ -49,6 +55,8 @@ pub struct RedisStore {
     library: Library,
     /// Merges concurrent batches per target.
     coalescer: Coalescer<SharedScript>,
+    /// A cluster's masters by slot, as last read.
+    nodes: Arc<NodeMap>,
     // Held only to clone the connection or swap it, never across a Redis call.
     current: RwLock<Current>,
 }
@@ -62,6 +70,7 @@ impl RedisStore {
             metrics,
             library: Library::new(),
             coalescer: Coalescer::default(),
+            nodes: Arc::default(),
             current: RwLock::new(Current {
                 connection: open(config)?,
                 generation: 0,
@@ -117,32 +126,83 @@ impl RedisStore {
     }
 
     /// The script that can decide a request whose keys are `keys` along with other
-    /// requests: on a standalone Redis, one for every request; on a cluster, one per slot,
-    /// for requests whose keys all lie in that slot (one client's rules keyed alike).
-    /// `None` for a request whose keys span slots: it is decided slot by slot
+    /// requests: on a standalone Redis, one for every request; on a cluster, one per
+    /// master, for requests whose keys all lie on it, as far as the shim's map of the
+    /// cluster knows ([`crate::cluster_nodes`]); without a map, one per slot for requests
+    /// whose keys all lie in it (one client's rules keyed alike). `None` for a request
+    /// whose keys span masters (or slots, without a map): it is decided slot by slot
     /// ([`crate::decision::decide`]).
     pub fn shared_script(&self, keys: &[String]) -> Option<SharedScript> {
         if !self.is_cluster() {
             return Some(SharedScript::Standalone);
         }
-        let slot = Slot::for_key(keys.first()?);
+        self.read_nodes_if_due();
+        if let Some(master) = self.nodes.master_of(keys) {
+            return Some(SharedScript::Node(master));
+        }
+        let slot = slot_of(keys.first()?);
         keys.iter()
-            .all(|key| Slot::for_key(key) == slot)
+            .all(|key| slot_of(key) == slot)
             .then_some(SharedScript::Slot(slot))
     }
 
-    /// Runs check_batch.lua: each of `requests` charged on its own, as check.lua would
-    /// charge it alone, in one call, which may carry other concurrent callers' requests
-    /// on the same target ([`crate::coalesce`]). Every request's keys share `script`
-    /// ([`Self::shared_script`]).
-    pub async fn check_requests(&self, script: SharedScript, requests: &[RequestChecks<'_>]) -> Answer {
-        self.coalescer.check_requests(self, script, requests).await
+    /// Reads the cluster's map of masters in a task of its own when it is due.
+    fn read_nodes_if_due(&self) {
+        if !self.nodes.claim_reading() {
+            return;
+        }
+        let nodes = self.nodes.clone();
+        let (Connection::Cluster(mut cluster), Ok(runtime)) =
+            (self.connection().0, tokio::runtime::Handle::try_current())
+        else {
+            nodes.read(Err("not a cluster connection in a runtime".into()));
+            return;
+        };
+        let timeout = self.config.timeout;
+        runtime.spawn(async move {
+            let slots = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
+            let reply = match tokio::time::timeout(timeout, slots.query_async::<Value>(&mut cluster)).await {
+                Ok(reply) => reply.map_err(|e| e.to_string()),
+                Err(_) => Err("CLUSTER SLOTS timed out".into()),
+            };
+            nodes.read(reply);
+        });
     }
 
-    /// One check_batch.lua call over `requests`.
-    async fn call_check_batch(&self, requests: &[RequestChecks<'_>]) -> Result<Vec<RequestRows>, StoreError> {
+    /// Runs check_batch.lua (check_node.lua for a master): each of `requests` charged
+    /// on its own, as check.lua would charge it alone, in one call, which may carry other
+    /// concurrent callers' requests on the same target ([`crate::coalesce`]). Every
+    /// request's keys share `script` ([`Self::shared_script`]). A request that met a key
+    /// no longer on the master fails with nothing written ([`moved_away`]), and the map
+    /// is read again.
+    pub async fn check_requests(&self, script: SharedScript, requests: &[RequestChecks<'_>]) -> Answer {
+        let answer = self.coalescer.check_requests(self, script, requests).await;
+        if let Ok(rows) = &answer {
+            if rows
+                .iter()
+                .any(|rows| rows.as_ref().is_err_and(|e| moved_away(e)))
+            {
+                self.nodes.mark_stale();
+            }
+        }
+        answer
+    }
+
+    /// One check_batch.lua call over `requests` (check_node.lua to a master).
+    async fn call_check_batch(
+        &self,
+        script: SharedScript,
+        requests: &[RequestChecks<'_>],
+    ) -> Result<Vec<RequestRows>, StoreError> {
         let expected: Vec<usize> = requests.iter().map(|request| request.checks.len()).collect();
-        let reply = self.invoke(&check_batch_call(&self.library, requests)).await?;
+        let reply = match script {
+            SharedScript::Node(master) => {
+                let on = SingleNodeRoutingInfo::SpecificNode(Route::new(master, SlotAddr::Master));
+                self.invoke_on(&check_node_call(&self.library, requests), Some(on))
+                    .await?
+            }
+            _ => self.invoke(&check_batch_call(&self.library, requests)).await?,
+        };
         parse_batch_reply(reply, &expected).map_err(|e| StoreError::Malformed(e.0))
     }
 
@@ -153,15 +213,34 @@ impl RedisStore {
 
     /// Calls a function, once more on a connection found dropped (see below).
     async fn invoke<T: FromRedisValue + Send>(&self, call: &FunctionCall<'_>) -> Result<T, StoreError> {
+        self.invoke_on(call, None).await
+    }
+
+    /// [`Self::invoke`], on a cluster sent to the node `on` when given (a call without
+    /// declared keys), else where its keys lie.
+    async fn invoke_on<T: FromRedisValue + Send>(
+        &self,
+        call: &FunctionCall<'_>,
+        on: Option<SingleNodeRoutingInfo>,
+    ) -> Result<T, StoreError> {
         let started = Instant::now();
-        let mut reply = self.run_once(call, self.config.timeout).await;
+        let mut reply = self.run_once(call, on.clone(), self.config.timeout).await;
         // A connection Redis closed while the shim was idle (a restart) shows only when
         // the next command is written to it: that command never ran, so it is sent once
         // more, on the reconnected connection, within what is left of the same timeout.
         if let Err(StoreError::Redis(error)) = &reply {
             let left = self.config.timeout.saturating_sub(started.elapsed());
             if (error.is_connection_dropped() || error.is_io_error()) && !left.is_zero() {
-                reply = self.run_once(call, left).await;
+                reply = self.run_once(call, on, left).await;
+            }
+        }
+        // A slot that moved: Redis answered MOVED without running anything, so the call
+        // goes once more, to the node named (the cluster client, which does not retry,
+        // reads the cluster's new map meanwhile).
+        if let Err(StoreError::Redis(error)) = &reply {
+            let left = self.config.timeout.saturating_sub(started.elapsed());
+            if let (Some(to), false) = (moved_to(error), left.is_zero()) {
+                reply = self.run_once(call, Some(to), left).await;
             }
         }
         self.metrics.redis_call(started.elapsed());
@@ -171,16 +250,21 @@ impl RedisStore {
     async fn run_once<T: FromRedisValue + Send>(
         &self,
         call: &FunctionCall<'_>,
+        on: Option<SingleNodeRoutingInfo>,
         timeout: Duration,
     ) -> Result<T, StoreError> {
         let (connection, generation) = self.connection();
-        let reply = match connection {
-            Connection::Standalone(mut manager) => {
+        let reply = match (connection, on) {
+            (Connection::Standalone(mut manager), _) => {
                 self.bounded(generation, timeout, self.call_loading(call, &mut manager))
                     .await
             }
-            Connection::Cluster(mut cluster) => {
+            (Connection::Cluster(mut cluster), None) => {
                 self.bounded(generation, timeout, self.call_loading(call, &mut cluster))
+                    .await
+            }
+            (Connection::Cluster(mut cluster), Some(on)) => {
+                self.bounded(generation, timeout, self.call_loading_on(call, &mut cluster, on))
                     .await
             }
         };
@@ -213,90 +297,22 @@ impl RedisStore {
         }
     }
 
-    /// PING (every master of a cluster).
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        let ping = redis::cmd("PING");
-        let (connection, generation) = self.connection();
-        match connection {
-            Connection::Standalone(mut manager) => {
-                self.bounded(
-                    generation,
-                    self.config.timeout,
-                    ping.query_async::<String>(&mut manager),
-                )
-                .await?;
-            }
-            Connection::Cluster(mut cluster) => {
-                self.bounded(
-                    generation,
-                    self.config.timeout,
-                    ping.query_async::<redis::Value>(&mut cluster),
-                )
-                .await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Deletes `key`; whether it was there. One key per command, so on a cluster it goes
-    /// to the node holding its slot.
-    pub async fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        let mut del = redis::cmd("DEL");
-        del.arg(key);
-        let (connection, generation) = self.connection();
-        let deleted: i64 = match connection {
-            Connection::Standalone(mut manager) => {
-                self.bounded(generation, self.config.timeout, del.query_async(&mut manager))
-                    .await?
-            }
-            Connection::Cluster(mut cluster) => {
-                self.bounded(generation, self.config.timeout, del.query_async(&mut cluster))
-                    .await?
-            }
-        };
-        Ok(deleted > 0)
-    }
-
-    /// Keys matching `pattern` on the node holding `near`'s slot (every key sharing its
-    /// hash tag lives there), by SCAN, at most `limit`; each SCAN call is bounded by the
-    /// timeout, and Redis serves others between them.
-    pub async fn scan_near(
+    /// [`Self::call_loading`], sent to the node `on`.
+    async fn call_loading_on<T: FromRedisValue>(
         &self,
-        near: &str,
-        pattern: &str,
-        limit: usize,
-    ) -> Result<Vec<String>, StoreError> {
-        let mut found = Vec::new();
-        let mut cursor = 0u64;
-        loop {
-            let mut scan = redis::cmd("SCAN");
-            scan.arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
-            let (connection, generation) = self.connection();
-            let (next, keys): (u64, Vec<String>) = match connection {
-                Connection::Standalone(mut manager) => {
-                    self.bounded(generation, self.config.timeout, scan.query_async(&mut manager))
-                        .await?
-                }
-                Connection::Cluster(mut cluster) => {
-                    let route = Route::with_slot(Slot::for_key(near), SlotAddr::Master);
-                    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                    let reply = self
-                        .bounded(
-                            generation,
-                            self.config.timeout,
-                            cluster.route_command(scan, routing),
-                        )
-                        .await?;
-                    FromRedisValue::from_redis_value(reply).map_err(|e| StoreError::Redis(e.into()))?
-                }
-            };
-            found.extend(keys);
-            cursor = next;
-            if cursor == 0 || found.len() >= limit {
-                found.truncate(limit);
-                return Ok(found);
+        call: &FunctionCall<'_>,
+        cluster: &mut redis::cluster_async::ClusterConnection,
+        on: SingleNodeRoutingInfo,
+    ) -> redis::RedisResult<T> {
+        let on = || RoutingInfo::SingleNode(on.clone());
+        let reply = match cluster.route_command(call.command(), on()).await {
+            Err(error) if error_detail_starts(&error, "Function not found") => {
+                cluster.route_command(self.library.load_command(), on()).await?;
+                cluster.route_command(call.command(), on()).await?
             }
-        }
+            reply => reply?,
+        };
+        Ok(T::from_redis_value(reply)?)
     }
 
     fn mark_answered(&self, generation: u64) {
@@ -337,9 +353,9 @@ impl RedisStore {
     }
 }
 
-impl BatchRunner for RedisStore {
-    async fn run_batch(&self, requests: &[RequestChecks<'_>]) -> Answer {
-        self.call_check_batch(requests).await
+impl BatchRunner<SharedScript> for RedisStore {
+    async fn run_batch(&self, script: SharedScript, requests: &[RequestChecks<'_>]) -> Answer {
+        self.call_check_batch(script, requests).await
     }
 }
 
@@ -362,6 +378,18 @@ impl Store for RedisStore {
         self.run(&refund_call(&self.library, charges), charges.len())
             .await
     }
+}
+
+/// The node a MOVED answer names, a command that did not run.
+fn moved_to(error: &RedisError) -> Option<SingleNodeRoutingInfo> {
+    if error.code() != Some("MOVED") {
+        return None;
+    }
+    let (host, port) = error.redirect_node()?.0.rsplit_once(':')?;
+    Some(SingleNodeRoutingInfo::ByAddress {
+        host: host.to_string(),
+        port: port.parse().ok()?,
+    })
 }
 
 /// Whether Redis answered `ERR <detail>`, the detail starting with `prefix`.

@@ -2,10 +2,11 @@
 //! their replies.
 //!
 //! One file per algorithm under `scripts/`, each headed by its contract and state per
-//! key, `calendar.lua` (windows aligned to the calendar, for fixed windows), plus three
+//! key, `calendar.lua` (windows aligned to the calendar, for fixed windows), plus four
 //! drivers: `check.lua` (every check of a request, all or nothing, by `request.lua`),
-//! `check_batch.lua` (several requests, each on its own, whose keys one call reaches) and
-//! `refund.lua` (gives back a charge when a later cluster slot refused).
+//! `check_batch.lua` (several requests, each on its own, whose keys one call reaches),
+//! `check_node.lua` (the same for the requests bound for one cluster master, in any of
+//! its slots) and `refund.lua` (gives back a charge when a later cluster slot refused).
 //!
 //! They run as one Redis function library (Redis 7.0 or later): the prelude and every
 //! algorithm once, then each driver registered as a function, so one FCALL runs any mix
@@ -37,11 +38,16 @@ const SHARED_SOURCE: &str = concat!(
     include_str!("../scripts/request.lua"),
 );
 
-/// The drivers, each registered as the function `<library>_<name>`.
-const DRIVERS: [(&str, &str); 3] = [
-    ("check", include_str!("../scripts/check.lua")),
-    ("check_batch", include_str!("../scripts/check_batch.lua")),
-    ("refund", include_str!("../scripts/refund.lua")),
+/// The drivers, each registered as the function `<library>_<name>` with its flags.
+const DRIVERS: [(&str, &str, &str); 4] = [
+    ("check", include_str!("../scripts/check.lua"), ""),
+    ("check_batch", include_str!("../scripts/check_batch.lua"), ""),
+    (
+        "check_node",
+        include_str!("../scripts/check_node.lua"),
+        "'allow-cross-slot-keys'",
+    ),
+    ("refund", include_str!("../scripts/refund.lua"), ""),
 ];
 
 /// The shim's function library: its source and its functions' names.
@@ -50,6 +56,7 @@ pub struct Library {
     pub source: String,
     check: String,
     check_batch: String,
+    check_node: String,
     refund: String,
 }
 
@@ -57,10 +64,10 @@ impl Library {
     pub fn new() -> Library {
         const NAME: &str = "__LIBRARY__";
         let mut template = format!("#!lua name={NAME}\nlocal KEYS, ARGV\n{SHARED_SOURCE}");
-        for (driver, code) in DRIVERS {
+        for (driver, code, flags) in DRIVERS {
             // The drivers read the call's keys and arguments as EVAL's globals.
             template.push_str(&format!(
-                "\nredis.register_function('{NAME}_{driver}', function(keys, args)\n  KEYS, ARGV = keys, args\n{code}\nend)\n"
+                "\nredis.register_function{{function_name='{NAME}_{driver}', flags={{{flags}}}, callback=function(keys, args)\n  KEYS, ARGV = keys, args\n{code}\nend}}\n"
             ));
         }
         // Twelve hex digits of the SHA-1 of the whole text (redis::Script computes it).
@@ -70,6 +77,7 @@ impl Library {
             source: template.replace(NAME, &name),
             check: format!("{name}_check"),
             check_batch: format!("{name}_check_batch"),
+            check_node: format!("{name}_check_node"),
             refund: format!("{name}_refund"),
         }
     }
@@ -198,6 +206,25 @@ pub fn check_batch_call<'a>(library: &'a Library, requests: &[RequestChecks<'a>]
         call.arg(request.checks.len());
         for (key, check) in request.keys.iter().zip(request.checks) {
             call.key(key).arg(params_arg(check));
+        }
+    }
+    call
+}
+
+/// A check_node.lua call charging each of `requests` on its own: check_batch.lua's call
+/// with the keys among the arguments, so they may lie in several slots of one node.
+pub fn check_node_call<'a>(library: &'a Library, requests: &[RequestChecks<'a>]) -> FunctionCall<'a> {
+    let mut call = FunctionCall::new(&library.check_node);
+    let keys = requests.iter().flat_map(|request| request.keys);
+    call.arg(keys.clone().count());
+    for key in keys {
+        call.arg(key.as_str());
+    }
+    call.arg(mode_arg(Mode::Charge));
+    for request in requests {
+        call.arg(request.checks.len());
+        for check in request.checks {
+            call.arg(params_arg(check));
         }
     }
     call
@@ -490,6 +517,39 @@ mod tests {
     }
 
     #[test]
+    fn a_node_call_sends_every_key_as_an_argument_then_the_batch() {
+        let library = Library::new();
+        let (one, two) = ([check(5)], [check(6), check(7)]);
+        let (keys_one, keys_two) = (["a".to_string()], ["b".to_string(), "c".to_string()]);
+        let requests = [
+            RequestChecks {
+                keys: &keys_one,
+                checks: &one,
+            },
+            RequestChecks {
+                keys: &keys_two,
+                checks: &two,
+            },
+        ];
+        let expected = [
+            "FCALL",
+            &library.check_node,
+            "0",
+            "3",
+            "a",
+            "b",
+            "c",
+            "charge",
+            "1",
+            "token_bucket 5 1000 1 0 0 ",
+            "2",
+            "token_bucket 6 1000 1 0 0 ",
+            "token_bucket 7 1000 1 0 0 ",
+        ];
+        assert_eq!(args_of(&check_node_call(&library, &requests)), expected);
+    }
+
+    #[test]
     fn the_library_holds_every_algorithm_and_registers_every_driver() {
         let library = Library::new();
         for algorithm in Algorithm::ALL {
@@ -498,14 +558,23 @@ mod tests {
         }
         let name = library.check.strip_suffix("_check").unwrap();
         assert!(library.source.starts_with(&format!("#!lua name={name}\n")));
-        for function in [&library.check, &library.check_batch, &library.refund] {
+        for function in [
+            &library.check,
+            &library.check_batch,
+            &library.check_node,
+            &library.refund,
+        ] {
             assert!(
                 library
                     .source
-                    .contains(&format!("redis.register_function('{function}'")),
+                    .contains(&format!("redis.register_function{{function_name='{function}'")),
                 "{function}"
             );
         }
+        assert!(library.source.contains(&format!(
+            "function_name='{}', flags={{'allow-cross-slot-keys'}}",
+            library.check_node
+        )));
         // Keys first, then arguments, whatever order they were added in.
         let check = check(5);
         let args = args_of(&check_call(&library, Mode::Peek, &["k1"], &[&check]));

@@ -251,6 +251,29 @@ impl RedisCluster {
         self.cli(&["CLUSTER", "KEYSLOT", key]).parse().unwrap()
     }
 
+    /// Moves `slot`, which must hold no key, from the master at `ports[from]` to the one
+    /// at `ports[to]`, as a resharding would.
+    pub fn move_empty_slot(&self, slot: u16, from: usize, to: usize) {
+        let id = |i: usize| redis_cli(self.ports[i], &["CLUSTER", "MYID"]).unwrap();
+        let (from_id, to_id, slot) = (id(from), id(to), slot.to_string());
+        let set = |i: usize, args: &[&str]| {
+            let mut command = vec!["CLUSTER", "SETSLOT", &slot];
+            command.extend(args);
+            assert_eq!(
+                redis_cli(self.ports[i], &command).as_deref(),
+                Some("OK"),
+                "{command:?}"
+            );
+        };
+        set(to, &["IMPORTING", &from_id]);
+        set(from, &["MIGRATING", &to_id]);
+        set(to, &["NODE", &to_id]);
+        set(from, &["NODE", &to_id]);
+        for other in (0..self.ports.len()).filter(|&i| i != from && i != to) {
+            set(other, &["NODE", &to_id]);
+        }
+    }
+
     /// Functions and scripts run (FCALL, EVALSHA and EVAL calls) over every master.
     pub fn scripts_run(&self) -> u64 {
         self.ports
