@@ -8,6 +8,7 @@
 # falls back to the tag's commit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/wasm-toolchain.sh
 tag=${PREVIOUS_RELEASE:-v0.1.0}
 tag_commit=f9a62d90b611d99d1c8d48854bbaa0bd5931518e # v0.1.0
 if ! commit=$(git rev-parse --verify --quiet "$tag^{commit}"); then
@@ -31,9 +32,10 @@ if [ ! -f "$dir/built" ]; then
     GIT_INDEX_FILE=$(pwd)/$dir/index git --work-tree="$dir/src" checkout-index --all
     started=$(date +%s)
     # On Debian's route its build-wasm.sh links with rust-lld, which setup no longer
-    # installs: it gets the linker today's build-wasm.sh uses, lld-22's wasm-ld.
-    if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
-        export CARGO_TARGET_WASM32_WASIP1_LINKER=/usr/lib/llvm-22/bin/wasm-ld
+    # installs: it gets the linker today's build-wasm.sh uses (its own build-wasm.sh sets
+    # the rest of the route).
+    if ! has_rustup_target wasm32-wasip1; then
+        export CARGO_TARGET_WASM32_WASIP1_LINKER=$WASM_LINKER
     fi
     (cd "$dir/src" && cargo build --quiet --locked --release -p redis-shim && scripts/build-wasm.sh)
     echo "build-previous: built $tag ($commit) in $(($(date +%s) - started)) s" >&2

@@ -1309,7 +1309,7 @@ fn called_tools() -> BTreeMap<String, BTreeSet<String>> {
     scripts.sort();
     scripts.push(".ci/run".to_string());
     for script in &scripts {
-        let text = read(script);
+        let text = with_sourced(&read(script));
         let mut tools = script_tools(&text);
         tools.extend(shebang_tools(&text));
         add(tools, script);
@@ -1352,7 +1352,7 @@ fn demo_tools() -> BTreeMap<String, BTreeSet<String>> {
         for tool in tools {
             if tracked.contains(&tool) {
                 if tool.ends_with(".sh") && scanned.insert(tool.clone()) {
-                    let text = read(&tool);
+                    let text = with_sourced(&read(&tool));
                     let mut tools = script_tools(&text);
                     tools.extend(shebang_tools(&text));
                     pending.push((tool.clone(), tools));
@@ -1379,6 +1379,26 @@ fn demo_tools() -> BTreeMap<String, BTreeSet<String>> {
         }
     }
     called
+}
+
+/// A script's text after the text of the project's files it sources (`. scripts/x.sh`,
+/// from the repository's root, where the scripts run): their functions are then known,
+/// and the tools they call count as the script's.
+fn with_sourced(text: &str) -> String {
+    let tracked = tracked_files();
+    let mut sourced = String::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let path = line
+            .strip_prefix(". ")
+            .or_else(|| line.strip_prefix("source "))
+            .map(str::trim);
+        if let Some(path) = path.filter(|path| tracked.contains(*path)) {
+            sourced.push_str(&read(path));
+            sourced.push('\n');
+        }
+    }
+    sourced + text
 }
 
 /// Files git tracks: a relative path to one of them is the project's own script.
