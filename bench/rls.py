@@ -17,6 +17,11 @@ a fourth, the peer a user would pick instead: `peer_limitador_cluster`, the same
 filter and descriptor against Limitador with its Redis storage (the same Redis), whose
 CPU then stands in the shim's column.
 
+And two floors of the Wasm rows, from bench/passthrough: `wasm_passthrough_cluster`
+(a Wasm filter doing nothing) and `probe_call_cluster` (pausing each request, one HTTP
+call to the shim's /healthz per batch of paused requests, resuming them: the exact
+path's host machinery without a rule, a body or Redis).
+
 For each: closed-loop throughput (wrk, 32 connections) as a share of the baseline's, and at
 a fixed rate (oha, 2,000 req/s, 32 connections) p50/p99 and CPU per request of Envoy, of the
 limiter's service and of Redis. `--runs` repeats them (alternate runs reversed). Writes
@@ -124,7 +129,8 @@ def measure(procs, name, filters, shim, redis, args, shape=None, service=None):
     return {"closed": closed, "fixed": fixed}
 
 
-ORDER = ["baseline_cluster", "wasm_exact_cluster", "native_rls_cluster", "peer_limitador_cluster"]
+ORDER = ["baseline_cluster", "wasm_passthrough_cluster", "probe_call_cluster", "wasm_exact_cluster",
+         "native_rls_cluster", "peer_limitador_cluster"]
 
 
 def table(runs):
@@ -164,7 +170,11 @@ def main():
         grpc_port = bench.free_port()
         shim = bench.Shim(procs, redis.port, extra=("--grpc-listen", f"127.0.0.1:{grpc_port}",
                                                     "--rls-config", str(limits)))
-        configs = [("baseline_cluster", [], None, None), ("wasm_exact_cluster", wasm_exact(), None, None),
+        passthrough = bench.PASSTHROUGH_WASM
+        configs = [("baseline_cluster", [], None, None),
+                   ("wasm_passthrough_cluster", [bench.wasm_filter("passthrough", passthrough, None)], None, None),
+                   ("probe_call_cluster", [bench.wasm_filter("passthrough", passthrough, "call:1")], None, None),
+                   ("wasm_exact_cluster", wasm_exact(), None, None),
                    ("native_rls_cluster", [NATIVE_FILTER], to_grpc(grpc_port), None)]
         if args.peer:
             peer = Peer(procs, args.peer, redis)
