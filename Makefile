@@ -87,4 +87,4 @@ compose-down:
 # every configuration back to back, the sweep twice; see bench/RESULTS.md.
 .PHONY: bench
 bench: setup build
-	@bench/bench.sh
+	@PEER="$(PEER)" bench/bench.sh

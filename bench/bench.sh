@@ -6,6 +6,7 @@
 # scripts (bench/redis_work.py) and the merging of concurrent callers' checks
 # (bench/coalescing.py) and the cost of distance (bench/distance.py); all run from a venv in bench/.venv.
 # Expects `make build` to have run (the Makefile's bench target depends on it).
+# `make bench PEER=<limitador-server>` adds the peer's row to bench/rls.py's table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -38,5 +39,6 @@ bench/.venv/bin/python bench/coalescing.py
 bench/.venv/bin/python bench/coalescing.py --cluster
 # The same paths a network hop away (bench/delay_proxy.rs, built here with rustc).
 bench/.venv/bin/python bench/distance.py
-# Envoy's native rate-limit filter through the shim's gRPC service, against the Wasm filter.
-bench/.venv/bin/python bench/rls.py
+# Envoy's native rate-limit filter through the shim's gRPC service, against the Wasm filter;
+# with PEER=<limitador-server> (built by hand; nothing here builds it) the peer's row too.
+bench/.venv/bin/python bench/rls.py ${PEER:+--peer "$PEER"}
