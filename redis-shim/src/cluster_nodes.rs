@@ -7,8 +7,9 @@
 //! The map is a guess, never trusted for correctness: Redis checks each key a script
 //! touches, and a request with a key whose slot has moved fails before it writes
 //! anything (check_node.lua); the shim then decides that request slot by slot, and reads
-//! the map again. It is read on first use, then again at most every [`REFRESH_EVERY`]
-//! or after such a failure, in a task of its own; until it is there, calls go per slot.
+//! the map again. It is read on first use, then again every [`REFRESH_EVERY`] or after
+//! such a failure, in a task of its own; until it is there, calls go per slot (a reading
+//! that fails is tried again after [`RETRY_AFTER`]).
 
 use redis::Value;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +26,10 @@ pub const REFRESH_EVERY: Duration = Duration::from_secs(10);
 /// How soon after a reading a request that met a moved slot may have the map read again.
 const STALE_AFTER: Duration = Duration::from_millis(100);
 
+/// How soon a reading that found no map (Redis unreachable, say) is tried again: one
+/// attempt, and one warning, per interval however many requests arrive.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// What a key's slot is, as Redis computes it (the hash tag's, when the key has one).
 pub fn slot_of(key: &str) -> u16 {
     let bytes = key.as_bytes();
@@ -39,17 +44,19 @@ pub fn slot_of(key: &str) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(hashed) % SLOTS as u16
 }
 
-/// The cluster's masters by slot: for each slot, the lowest slot its master holds, which
-/// names that master and routes a call to it.
+/// The map as last read, and when it was last read or tried.
+#[derive(Default)]
 struct Loaded {
-    master_of: Box<[u16]>,
-    read_at: Instant,
+    /// For each slot, the lowest slot its master holds, which names that master and
+    /// routes a call to it.
+    master_of: Option<Box<[u16]>>,
+    read_at: Option<Instant>,
 }
 
 /// The slots' masters as last read, and whether to read them again.
 #[derive(Default)]
 pub struct NodeMap {
-    loaded: RwLock<Option<Loaded>>,
+    loaded: RwLock<Loaded>,
     reading: AtomicBool,
     stale: AtomicBool,
 }
@@ -62,7 +69,7 @@ impl NodeMap {
             .loaded
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let master_of = &loaded.as_ref()?.master_of;
+        let master_of = loaded.master_of.as_ref()?;
         let mut slots = keys.iter().map(|key| master_of[slot_of(key) as usize]);
         let first = slots.next()?;
         slots.all(|master| master == first).then_some(first)
@@ -71,44 +78,37 @@ impl NodeMap {
     /// Whether the map should be read now; true for one caller at a time, who must
     /// then call [`Self::read`] with what it read (or an error).
     pub fn claim_reading(&self) -> bool {
-        let wait = if self.stale.load(Ordering::Relaxed) {
+        let loaded = self
+            .loaded
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let wait = if loaded.master_of.is_none() {
+            RETRY_AFTER
+        } else if self.stale.load(Ordering::Relaxed) {
             STALE_AFTER
         } else {
             REFRESH_EVERY
         };
-        let due = self
-            .loaded
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .as_ref()
-            .is_none_or(|loaded| loaded.read_at.elapsed() >= wait);
+        let due = loaded.read_at.is_none_or(|at| at.elapsed() >= wait);
         due && !self.reading.swap(true, Ordering::AcqRel)
     }
 
     /// The end of a reading claimed with [`Self::claim_reading`]: `CLUSTER SLOTS`'
-    /// reply, or why it could not be had (the old map is kept, and read again on the
-    /// next claim after [`REFRESH_EVERY`]).
+    /// reply, or why it could not be had (an older map is kept and read again after
+    /// [`REFRESH_EVERY`]; without one, the next attempt is after [`RETRY_AFTER`]).
     pub fn read(&self, reply: Result<Value, String>) {
         self.stale.store(false, Ordering::Relaxed);
-        match reply.and_then(|reply| parse_cluster_slots(&reply)) {
-            Ok(master_of) => {
-                *self
-                    .loaded
-                    .write()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Loaded {
-                    master_of,
-                    read_at: Instant::now(),
-                });
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot read the cluster's slots: calls go slot by slot");
-                if let Some(loaded) = self
-                    .loaded
-                    .write()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .as_mut()
-                {
-                    loaded.read_at = Instant::now();
+        let parsed = reply.and_then(|reply| parse_cluster_slots(&reply));
+        {
+            let mut loaded = self
+                .loaded
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            loaded.read_at = Some(Instant::now());
+            match parsed {
+                Ok(master_of) => loaded.master_of = Some(master_of),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the cluster's slots: calls go slot by slot")
                 }
             }
         }
@@ -261,6 +261,20 @@ mod tests {
         assert!(!map.claim_reading(), "stale, but read less than STALE_AFTER ago");
         std::thread::sleep(STALE_AFTER);
         assert!(map.claim_reading(), "stale");
+    }
+
+    #[test]
+    fn a_reading_that_found_no_map_is_tried_again_once_per_interval() {
+        let map = NodeMap::default();
+        assert!(map.claim_reading());
+        map.read(Err("connection refused".into()));
+        assert!(
+            !map.claim_reading(),
+            "not before RETRY_AFTER, however many requests"
+        );
+        map.mark_stale();
+        assert!(!map.claim_reading(), "nor when a request marks it stale");
+        assert_eq!(map.master_of(&["k".to_string()]), None);
     }
 
     #[test]
