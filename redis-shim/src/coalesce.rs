@@ -1,7 +1,8 @@
 //! Requests of concurrent calls (several Envoys, several workers) merged into one
 //! check_batch.lua call per target: the whole standalone Redis, or one cluster master
-//! (check_node.lua), or one cluster slot while the shim has no map of the masters. Each request is still decided all or nothing on its
-//! own, as check_batch.lua decides every request of a call.
+//! (check_node.lua), or one cluster slot while the shim has no map of the masters. Each
+//! request is still decided all or nothing on its own, as check_batch.lua decides every
+//! request of a call.
 //!
 //! No call waits for company: while fewer calls than the target's bound are running on
 //! it, a caller's requests go at once, alone. Beyond that they queue; when a running call
