@@ -2,7 +2,7 @@
 """The native rate-limit filter through the shim against the Wasm filter's exact path
 (`make bench`; bench/RESULTS.md, "Native filter").
 
-Three Envoys in turn, each with one worker on core 0 and a route to a cluster (the native
+Envoys in turn, each with one worker on core 0 and a route to a cluster (the native
 filter applies rate limits only there; Envoy's fault filter answers in place of the
 upstream), measured from core 1 in one run:
 
