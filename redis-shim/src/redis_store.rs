@@ -19,7 +19,8 @@ use crate::scripts::{
 use crate::store::{group_by_slot, Store, StoreError};
 use ratelimit_wire::Check;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{FromRedisValue, RedisError, Value};
+use redis::{Cmd, FromRedisValue, RedisError, Value};
+use std::future::Future;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -255,16 +256,28 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         let (connection, generation) = self.connection();
         let reply = match (connection, on) {
-            (Connection::Standalone(mut manager), _) => {
-                self.bounded(generation, timeout, self.call_loading(call, &mut manager))
+            (Connection::Standalone(manager), _) => {
+                let send = |command: Cmd| {
+                    let mut manager = manager.clone();
+                    async move { command.query_async(&mut manager).await }
+                };
+                self.bounded(generation, timeout, self.call_loading(call, send))
                     .await
             }
-            (Connection::Cluster(mut cluster), None) => {
-                self.bounded(generation, timeout, self.call_loading(call, &mut cluster))
+            (Connection::Cluster(cluster), None) => {
+                let send = |command: Cmd| {
+                    let mut cluster = cluster.clone();
+                    async move { command.query_async(&mut cluster).await }
+                };
+                self.bounded(generation, timeout, self.call_loading(call, send))
                     .await
             }
-            (Connection::Cluster(mut cluster), Some(on)) => {
-                self.bounded(generation, timeout, self.call_loading_on(call, &mut cluster, on))
+            (Connection::Cluster(cluster), Some(on)) => {
+                let send = |command: Cmd| {
+                    let (mut cluster, on) = (cluster.clone(), RoutingInfo::SingleNode(on.clone()));
+                    async move { cluster.route_command(command, on).await }
+                };
+                self.bounded(generation, timeout, self.call_loading(call, send))
                     .await
             }
         };
@@ -278,37 +291,18 @@ impl RedisStore {
         }
     }
 
-    /// FCALL, after loading the library if Redis does not have it (on a cluster,
-    /// `FUNCTION LOAD` goes to every master).
-    async fn call_loading<T: FromRedisValue>(
+    /// FCALL through `send`, after loading the library if Redis does not have it (`send`
+    /// takes `FUNCTION LOAD` where it takes the call: on a cluster, to every master, or
+    /// to the one node a routed call goes to).
+    async fn call_loading<T: FromRedisValue, Sent: Future<Output = redis::RedisResult<Value>>>(
         &self,
         call: &FunctionCall<'_>,
-        connection: &mut impl redis::aio::ConnectionLike,
+        mut send: impl FnMut(Cmd) -> Sent,
     ) -> redis::RedisResult<T> {
-        match call.command().query_async(connection).await {
+        let reply = match send(call.command()).await {
             Err(error) if error_detail_starts(&error, "Function not found") => {
-                self.library
-                    .load_command()
-                    .query_async::<redis::Value>(connection)
-                    .await?;
-                call.command().query_async(connection).await
-            }
-            reply => reply,
-        }
-    }
-
-    /// [`Self::call_loading`], sent to the node `on`.
-    async fn call_loading_on<T: FromRedisValue>(
-        &self,
-        call: &FunctionCall<'_>,
-        cluster: &mut redis::cluster_async::ClusterConnection,
-        on: SingleNodeRoutingInfo,
-    ) -> redis::RedisResult<T> {
-        let on = || RoutingInfo::SingleNode(on.clone());
-        let reply = match cluster.route_command(call.command(), on()).await {
-            Err(error) if error_detail_starts(&error, "Function not found") => {
-                cluster.route_command(self.library.load_command(), on()).await?;
-                cluster.route_command(call.command(), on()).await?
+                send(self.library.load_command()).await?;
+                send(call.command()).await?
             }
             reply => reply?,
         };

@@ -123,6 +123,16 @@ impl<'a> FunctionCall<'a> {
         self
     }
 
+    /// The same call with no declared keys: their number, then the keys, lead the
+    /// arguments.
+    fn keys_as_arguments(mut self) -> Self {
+        let mut args = self.keys.len().to_redis_args();
+        args.extend(self.keys.drain(..).map(|key| key.as_bytes().to_vec()));
+        args.append(&mut self.args);
+        self.args = args;
+        self
+    }
+
     /// The FCALL command.
     pub fn command(&self) -> Cmd {
         let mut fcall = redis::cmd("FCALL");
@@ -200,31 +210,23 @@ pub struct RequestChecks<'a> {
 
 /// A check_batch.lua call charging each of `requests` on its own.
 pub fn check_batch_call<'a>(library: &'a Library, requests: &[RequestChecks<'a>]) -> FunctionCall<'a> {
-    let mut call = FunctionCall::new(&library.check_batch);
-    call.arg(mode_arg(Mode::Charge));
-    for request in requests {
-        call.arg(request.checks.len());
-        for (key, check) in request.keys.iter().zip(request.checks) {
-            call.key(key).arg(params_arg(check));
-        }
-    }
-    call
+    batch_call(&library.check_batch, requests)
 }
 
 /// A check_node.lua call charging each of `requests` on its own: check_batch.lua's call
 /// with the keys among the arguments, so they may lie in several slots of one node.
 pub fn check_node_call<'a>(library: &'a Library, requests: &[RequestChecks<'a>]) -> FunctionCall<'a> {
-    let mut call = FunctionCall::new(&library.check_node);
-    let keys = requests.iter().flat_map(|request| request.keys);
-    call.arg(keys.clone().count());
-    for key in keys {
-        call.arg(key.as_str());
-    }
+    batch_call(&library.check_node, requests).keys_as_arguments()
+}
+
+/// `function` called over `requests` as check_batch.lua takes them.
+fn batch_call<'a>(function: &'a str, requests: &[RequestChecks<'a>]) -> FunctionCall<'a> {
+    let mut call = FunctionCall::new(function);
     call.arg(mode_arg(Mode::Charge));
     for request in requests {
         call.arg(request.checks.len());
-        for check in request.checks {
-            call.arg(params_arg(check));
+        for (key, check) in request.keys.iter().zip(request.checks) {
+            call.key(key).arg(params_arg(check));
         }
     }
     call
@@ -459,6 +461,14 @@ mod tests {
         );
     }
 
+    /// Requests of these keys and checks, pairwise.
+    fn requests<'a>(keys: &[&'a [String]], checks: &[&'a [Check]]) -> Vec<RequestChecks<'a>> {
+        keys.iter()
+            .zip(checks)
+            .map(|(&keys, &checks)| RequestChecks { keys, checks })
+            .collect()
+    }
+
     fn args_of(call: &FunctionCall) -> Vec<String> {
         call.command()
             .args_iter()
@@ -486,19 +496,7 @@ mod tests {
         };
         let (one, two) = ([check(5)], [calendar, shadow]);
         let (keys_one, keys_two) = (["a".to_string()], ["b".to_string(), "c".to_string()]);
-        let call = check_batch_call(
-            &library,
-            &[
-                RequestChecks {
-                    keys: &keys_one,
-                    checks: &one,
-                },
-                RequestChecks {
-                    keys: &keys_two,
-                    checks: &two,
-                },
-            ],
-        );
+        let call = check_batch_call(&library, &requests(&[&keys_one, &keys_two], &[&one, &two]));
         let expected = [
             "FCALL",
             &library.check_batch,
@@ -521,16 +519,7 @@ mod tests {
         let library = Library::new();
         let (one, two) = ([check(5)], [check(6), check(7)]);
         let (keys_one, keys_two) = (["a".to_string()], ["b".to_string(), "c".to_string()]);
-        let requests = [
-            RequestChecks {
-                keys: &keys_one,
-                checks: &one,
-            },
-            RequestChecks {
-                keys: &keys_two,
-                checks: &two,
-            },
-        ];
+        let requests = requests(&[&keys_one, &keys_two], &[&one, &two]);
         let expected = [
             "FCALL",
             &library.check_node,
