@@ -31,14 +31,9 @@ fn decide(shim: &Shim, checks: &[Value]) -> Value {
 
 /// Two hash tags whose slots live on different masters.
 fn tags_on_different_nodes(cluster: &RedisCluster) -> (String, String) {
-    // Slots are split evenly over three masters: 0..5461, 5461..10923, 10923..16384.
-    let node = |tag: &str| cluster.slot(&format!("{{{tag}}}")) / 5461;
-    let first = "client-a".to_string();
-    let second = (0..)
-        .map(|i| format!("client-{i}"))
-        .find(|tag| node(tag) != node(&first))
-        .unwrap();
-    (first, second)
+    let mut first = tags_on_node(cluster, 0, 1);
+    let mut second = tags_on_node(cluster, 1, 1);
+    (first.remove(0), second.remove(0))
 }
 
 /// `count` hash tags in distinct slots of the `node`th master.
@@ -48,6 +43,7 @@ fn tags_on_node(cluster: &RedisCluster, node: u16, count: usize) -> Vec<String> 
         .map(|i| format!("node{node}-client-{i}"))
         .filter(|tag| {
             let slot = cluster.slot(&format!("{{{tag}}}"));
+            // Slots are split evenly over three masters: 0..5461, 5461..10923, 10923..16384.
             let fresh = slot / 5461 == node && !slots.contains(&slot);
             slots.push(slot);
             fresh

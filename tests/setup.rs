@@ -1308,8 +1308,9 @@ fn called_tools() -> BTreeMap<String, BTreeSet<String>> {
         .collect();
     scripts.sort();
     scripts.push(".ci/run".to_string());
+    let tracked = tracked_files();
     for script in &scripts {
-        let text = with_sourced(&read(script));
+        let text = with_sourced(&read(script), &tracked);
         let mut tools = script_tools(&text);
         tools.extend(shebang_tools(&text));
         add(tools, script);
@@ -1352,7 +1353,7 @@ fn demo_tools() -> BTreeMap<String, BTreeSet<String>> {
         for tool in tools {
             if tracked.contains(&tool) {
                 if tool.ends_with(".sh") && scanned.insert(tool.clone()) {
-                    let text = with_sourced(&read(&tool));
+                    let text = with_sourced(&read(&tool), &tracked);
                     let mut tools = script_tools(&text);
                     tools.extend(shebang_tools(&text));
                     pending.push((tool.clone(), tools));
@@ -1384,8 +1385,7 @@ fn demo_tools() -> BTreeMap<String, BTreeSet<String>> {
 /// A script's text after the text of the project's files it sources (`. scripts/x.sh`,
 /// from the repository's root, where the scripts run): their functions are then known,
 /// and the tools they call count as the script's.
-fn with_sourced(text: &str) -> String {
-    let tracked = tracked_files();
+fn with_sourced(text: &str, tracked: &BTreeSet<String>) -> String {
     let mut sourced = String::new();
     for line in text.lines() {
         let line = line.trim();
