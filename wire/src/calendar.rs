@@ -126,22 +126,19 @@ impl UtcOffset {
     /// Parses `±HH:MM`, refusing an offset outside `-12:00..=+14:00`.
     pub fn parse(text: &str) -> Result<UtcOffset, String> {
         let malformed = || format!("{text:?} is not a UTC offset of the form ±HH:MM, e.g. +05:30");
-        let bytes = text.as_bytes();
-        if bytes.len() != 6 || bytes[3] != b':' {
+        let &[sign, h1, h2, b':', m1, m2] = text.as_bytes() else {
             return Err(malformed());
-        }
-        let sign = match bytes[0] {
+        };
+        let sign = match sign {
             b'+' => 1,
             b'-' => -1,
             _ => return Err(malformed()),
         };
-        let two_digits = |at: usize| -> Option<i32> {
-            let pair = &bytes[at..at + 2];
-            pair.iter()
-                .all(u8::is_ascii_digit)
-                .then(|| i32::from(pair[0] - b'0') * 10 + i32::from(pair[1] - b'0'))
+        let two_digits = |tens: u8, ones: u8| -> Option<i32> {
+            (tens.is_ascii_digit() && ones.is_ascii_digit())
+                .then(|| i32::from(tens - b'0') * 10 + i32::from(ones - b'0'))
         };
-        let (Some(hours), Some(minutes)) = (two_digits(1), two_digits(4)) else {
+        let (Some(hours), Some(minutes)) = (two_digits(h1, h2), two_digits(m1, m2)) else {
             return Err(malformed());
         };
         if minutes > 59 {
@@ -323,7 +320,18 @@ mod tests {
             assert_eq!(offset.to_string(), text);
         }
         for bad in [
-            "05:30", "+5:30", "+05:60", "+14:01", "-12:30", "+15:00", "+05-30", "", "+0a:00", "UTC",
+            "05:30",
+            "+5:30",
+            "+05:60",
+            "+14:01",
+            "-12:30",
+            "+15:00",
+            "+05-30",
+            "",
+            "+0a:00",
+            "UTC",
+            "+05:300",
+            "\u{2212}05:00",
         ] {
             assert!(UtcOffset::parse(bad).is_err(), "{bad} should be refused");
         }

@@ -27,6 +27,18 @@
 //! - A check with a `calendar` is a fixed window aligned to the calendar (see
 //!   [`calendar`]); its `period_ms` is the unit's longest window.
 
+// The filter links this crate: a panic there kills the VM for every request on its
+// worker, so none outside tests, as in the filter's own crates.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
 mod algorithm;
 mod batch;
 pub mod calendar;
