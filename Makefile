@@ -30,9 +30,15 @@ shim:
 	@cargo build --quiet --profile shim -p redis-shim
 
 # Unit tests compiled to wasm32 under Node, then native unit tests and the end-to-end
-# tests (real Redis, the real shim, real Envoy loading the built .wasm).
-test: setup build test-wasm
-	cargo test --workspace --lib --tests
+# tests (real Redis, the real shim, real Envoy loading the built .wasm). The tests build
+# with the shim's profile, so the shim's crates `make build` compiled serve them too. The
+# previous release's build (for the version-skew test, the last to run) and then the fuzz
+# targets' build start beside them and yield to them; the test waits for its build, and
+# a build that failed in the background fails again in the foreground, with its message.
+test: setup build
+	@nice -n 19 sh -c 'scripts/build-previous.sh; scripts/fuzz.sh build' >/dev/null 2>&1 & early=$$!; \
+	scripts/test-wasm.sh && cargo test --profile shim --workspace --lib --tests; tested=$$?; \
+	wait $$early; exit $$tested
 	@scripts/fuzz.sh 3
 
 test-wasm: setup

@@ -4,6 +4,12 @@
 # their own build scripts and target directory, once per commit (a second run only
 # prints the paths). Prints two lines: SHIM=<path> and WASM=<path>.
 #
+# `make test` starts it beside its own builds and the version-skew test runs it again:
+# one run at a time (a lock), so the test's waits for make's and finds the build done.
+# The shim is built with today's shim profile, in a target directory seeded with a copy
+# of today's (`make shim`'s and the filter's): the crates both releases use at the same
+# version and features are not compiled again.
+#
 # The release is the tag PREVIOUS_RELEASE (default below); a clone without the tag
 # falls back to the tag's commit.
 set -euo pipefail
@@ -20,8 +26,11 @@ if ! commit=$(git rev-parse --verify --quiet "$tag^{commit}"); then
     }
 fi
 dir=target/previous/$commit
-shim=$dir/src/target/release/redis-shim
+shim=$dir/src/target/shim/redis-shim
 wasm=$dir/src/target/wasm32-wasip1/release/ratelimit_wasm.wasm
+mkdir -p target/previous
+exec 9>"target/previous/$commit.lock"
+flock 9
 if [ ! -f "$dir/built" ]; then
     # What an interrupted build left, if any.
     rm -rf "$dir/src" "$dir/index" "$dir/index.lock"
@@ -37,7 +46,14 @@ if [ ! -f "$dir/built" ]; then
     if ! has_rustup_target wasm32-wasip1; then
         export CARGO_TARGET_WASM32_WASIP1_LINKER=$WASM_LINKER
     fi
-    (cd "$dir/src" && cargo build --quiet --locked --release -p redis-shim && scripts/build-wasm.sh)
+    # Today's [profile.shim] sections (the previous release has none of its own): the
+    # copied crates' fingerprints match only under the same profile.
+    sed -n '/^\[profile\.shim[].]/,/^$/p' Cargo.toml >>"$dir/src/Cargo.toml"
+    mkdir -p "$dir/src/target"
+    for built in target/shim target/wasm-debian; do
+        if [ -d "$built" ]; then cp -a "$built" "$dir/src/target/"; fi
+    done
+    (cd "$dir/src" && cargo build --quiet --locked --profile shim -p redis-shim && scripts/build-wasm.sh)
     echo "build-previous: built $tag ($commit) in $(($(date +%s) - started)) s" >&2
     echo "$commit" >"$dir/built"
 fi
