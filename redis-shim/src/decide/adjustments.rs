@@ -3,7 +3,7 @@
 //! spend (the unspent part of a lease, a concurrency slot); a settlement charges or gives
 //! back the difference between an admitted request's real cost and its estimate.
 
-use crate::scripts::Charge;
+use crate::store::scripts::Charge;
 use crate::store::{Store, StoreError};
 use ratelimit_wire::{Algorithm, CalendarWindow, Check, Settlement, TokenReturn};
 

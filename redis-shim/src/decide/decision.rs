@@ -4,14 +4,14 @@
 //! keys carry the client's hash as a hash tag, so one client's rules do), that is a
 //! single atomic script. When a request's keys span slots, no script can see them all:
 //! the slots are checked one after the other, and when one refuses, the charges already
-//! made on earlier slots are refunded ([`crate::refund`]) and the later slots only peeked at. Between a
+//! made on earlier slots are refunded ([`crate::decide::refund`]) and the later slots only peeked at. Between a
 //! charge and its refund, other requests see those tokens as taken (`docs/SHIM.md`).
 //!
 //! Nothing here counts or logs: a [`Decision`] or a [`DecideError`] says what happened,
 //! refunds included, and the handler that asked counts and logs it.
 
-use crate::refund::{refund_slots, Refund};
-use crate::scripts::{Mode, RequestRows, Row};
+use crate::decide::refund::{refund_slots, Refund};
+use crate::store::scripts::{Mode, RequestRows, Row};
 use crate::store::{check_group, Store, StoreError};
 use ratelimit_wire::{Check, CheckResult};
 
@@ -150,7 +150,7 @@ mod tests {
     //! The decision across slots against a store in memory: no Redis.
 
     use super::*;
-    use crate::fake_store::{charge, check, keys, peek, refund, shadow, FakeStore};
+    use crate::store::fake::{charge, check, keys, peek, refund, shadow, FakeStore};
 
     async fn decide_on(store: &FakeStore, checks: &[Check]) -> Result<Decision, DecideError> {
         decide(store, &keys(checks), checks).await

@@ -1,7 +1,7 @@
 //! The state of some counters, charging nothing: what `redis-shim counters show`
 //! reports, and what a reset reports it deleted.
 
-use crate::scripts::{Mode, Row};
+use crate::store::scripts::{Mode, Row};
 use crate::store::{check_group, Store, StoreError};
 use ratelimit_wire::{Check, CheckResult};
 /// The state of `checks`, whose Redis keys (prefixed) are `keys`, charging nothing:
@@ -31,7 +31,7 @@ pub async fn peek<S: Store>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake_store::{self, check, keys, FakeStore};
+    use crate::store::fake::{self, check, keys, FakeStore};
 
     #[tokio::test]
     async fn a_peek_reports_every_slot_and_charges_nothing() {
@@ -43,7 +43,7 @@ mod tests {
         let results = peek(&store, &keys(&checks), &checks).await.unwrap();
         assert_eq!(
             store.calls(),
-            vec![fake_store::peek(&["user:{a}"]), fake_store::peek(&["ip:{b}"])]
+            vec![fake::peek(&["user:{a}"]), fake::peek(&["ip:{b}"])]
         );
         assert_eq!(
             results

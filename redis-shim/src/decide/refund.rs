@@ -4,7 +4,7 @@
 //! Between a charge and its refund, other requests see those tokens as taken
 //! (`docs/SHIM.md`).
 
-use crate::scripts::{Charge, Row};
+use crate::store::scripts::{Charge, Row};
 use crate::store::{Store, StoreError};
 use ratelimit_wire::Check;
 

@@ -1,9 +1,13 @@
 //! The shim's Prometheus metrics: plain atomics, rendered in the text exposition format
-//! on `GET /metrics`. Fixed label sets, so nothing grows with traffic.
+//! on `GET /metrics`. Fixed label sets, so nothing grows with traffic. The rate-limit
+//! and quota services keep theirs in [`rls`] and [`rlqs`], rendered with these.
 
-use crate::rlqs::metrics::RlqsMetrics;
-use crate::rls::metrics::RlsMetrics;
+pub mod rlqs;
+pub mod rls;
+
 use ratelimit_wire::Algorithm;
+use rlqs::RlqsMetrics;
+use rls::RlsMetrics;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;

@@ -2,7 +2,6 @@
 //! on `GET /metrics`: `ShouldRateLimit` calls by outcome, descriptors by what they came
 //! to. Fixed label sets; each check sent to Redis also counts in `rlshim_checks_total`.
 
-use super::plan::Planned;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -30,13 +29,26 @@ const CALL_OUTCOMES: [(CallOutcome, &str); 6] = [
     (CallOutcome::RedisError, "redis_error"),
 ];
 
-const DESCRIPTOR_OUTCOMES: [&str; 6] = [
-    "ok",
-    "over_limit",
-    "shadow_over_limit",
-    "unlimited",
-    "no_limit",
-    "replaced",
+/// What one descriptor of a decided `ShouldRateLimit` call came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DescriptorOutcome {
+    Ok,
+    OverLimit,
+    /// Over a limit in shadow mode: answered OK.
+    ShadowOverLimit,
+    Unlimited,
+    NoLimit,
+    /// Its limit is named in another matched limit's `replaces`: not counted.
+    Replaced,
+}
+
+const DESCRIPTOR_OUTCOMES: [(DescriptorOutcome, &str); 6] = [
+    (DescriptorOutcome::Ok, "ok"),
+    (DescriptorOutcome::OverLimit, "over_limit"),
+    (DescriptorOutcome::ShadowOverLimit, "shadow_over_limit"),
+    (DescriptorOutcome::Unlimited, "unlimited"),
+    (DescriptorOutcome::NoLimit, "no_limit"),
+    (DescriptorOutcome::Replaced, "replaced"),
 ];
 
 #[derive(Default)]
@@ -51,19 +63,12 @@ impl RlsMetrics {
         self.calls[index].fetch_add(1, Relaxed);
     }
 
-    /// Counts one answered descriptor; `over` says whether its limit refused it.
-    pub fn descriptor(&self, planned: &Planned, over: bool) {
-        let name = match planned {
-            Planned::NoLimit => "no_limit",
-            Planned::Unlimited => "unlimited",
-            Planned::Replaced => "replaced",
-            Planned::Counted { limit, .. } | Planned::Exceeds { limit } => match (over, limit.shadow_mode) {
-                (false, _) => "ok",
-                (true, false) => "over_limit",
-                (true, true) => "shadow_over_limit",
-            },
-        };
-        let index = DESCRIPTOR_OUTCOMES.iter().position(|o| *o == name).unwrap_or(0);
+    /// Counts one answered descriptor.
+    pub fn descriptor(&self, outcome: DescriptorOutcome) {
+        let index = DESCRIPTOR_OUTCOMES
+            .iter()
+            .position(|(o, _)| *o == outcome)
+            .unwrap_or(0);
         self.descriptors[index].fetch_add(1, Relaxed);
     }
 
@@ -80,7 +85,7 @@ impl RlsMetrics {
             out,
             "# HELP rlshim_rls_descriptors_total Descriptors of decided ShouldRateLimit calls, by what they came to.\n# TYPE rlshim_rls_descriptors_total counter"
         );
-        for (i, name) in DESCRIPTOR_OUTCOMES.iter().enumerate() {
+        for (i, (_, name)) in DESCRIPTOR_OUTCOMES.iter().enumerate() {
             let value = self.descriptors[i].load(Relaxed);
             let _ = writeln!(out, "rlshim_rls_descriptors_total{{outcome=\"{name}\"}} {value}");
         }

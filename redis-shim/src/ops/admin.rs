@@ -1,21 +1,42 @@
-//! The admin endpoints behind `redis-shim counters` ([`crate::counters`]): the state of
+//! The admin endpoints behind `redis-shim counters` ([`crate::ops::counters`]): the state of
 //! some counters without charging them (check.lua's peek mode), and their reset (the
 //! keys deleted).
 //!
 //! They read and reset any client's counters, so they always require a token: the
-//! shim's `--admin-token`, else its `--token` ([`crate::endpoint::Access::Admin`]). A
+//! shim's `--admin-token`, else its `--token` ([`crate::transport::http::endpoint::Access::Admin`]). A
 //! shim started with neither refuses them (403) rather than serve them open. Like a
 //! check, each takes an in-flight permit and its body is read within the limits. A
 //! caller sends the counters as a [`CheckRequest`]
 //! (keys as the filter sends them, without the shim's prefix), validated as a check is.
 
-use crate::endpoint::{error, Admitted, Shim};
-use crate::peek::peek;
+use crate::decide::peek::peek;
+use crate::transport::http::endpoint::{error, Access, Admitted, Counting, Endpoint, Method, MAX_BODY_BYTES};
+use crate::transport::Shim;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ratelimit_wire::{CheckRequest, CheckResult};
 use serde::{Deserialize, Serialize};
+
+/// The admin endpoints take the counters as a check request does.
+const fn admin(path: &'static str) -> Endpoint {
+    Endpoint {
+        path,
+        method: Method::Post {
+            body_limit: MAX_BODY_BYTES,
+        },
+        access: Access::Admin,
+        counting: Counting::Uncounted,
+    }
+}
+
+/// `POST /v1/admin/counters/show`: counters' state, charging nothing.
+pub const COUNTERS_SHOW: Endpoint = admin("/v1/admin/counters/show");
+/// `POST /v1/admin/counters/reset`: counters deleted.
+pub const COUNTERS_RESET: Endpoint = admin("/v1/admin/counters/reset");
+/// `POST /v1/admin/counters/variants`: the client's counters under other variants of
+/// the same rules.
+pub const COUNTERS_VARIANTS: Endpoint = admin("/v1/admin/counters/variants");
 
 /// Most keys of other variants reported per counter.
 const MAX_VARIANTS: usize = 32;

@@ -20,7 +20,7 @@
 //! A caller whose future is dropped (its client went away) while it leads hands the
 //! lead on; the callers it was carrying get an error, never a hang.
 
-use crate::scripts::{RequestChecks, RequestRows};
+use crate::store::scripts::{RequestChecks, RequestRows};
 use crate::store::StoreError;
 use ratelimit_wire::Check;
 use std::future::Future;
@@ -282,7 +282,7 @@ async fn lead<K: Target>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scripts::Row;
+    use crate::store::scripts::Row;
     use ratelimit_wire::Algorithm;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::sync::Semaphore;

@@ -1,7 +1,7 @@
 //! A store in memory for the unit tests of what runs on a [`Store`] (deciding across
 //! slots, refunds, peeks): no Redis, and every call it was asked recorded.
 
-use crate::scripts::{Charge, Mode, Row};
+use crate::store::scripts::{Charge, Mode, Row};
 use crate::store::{Store, StoreError};
 use ratelimit_wire::{Algorithm, Check};
 use std::collections::{HashMap, HashSet};

@@ -1,9 +1,19 @@
 //! Where the counters live: the [`Store`] trait, what deciding, refunding, adjusting and
-//! peeking need from it (the functions of [`crate::scripts`] run on one cluster slot's
-//! keys at a time), and why an operation on it failed. [`crate::redis_store`] is the
-//! store the shim runs on; the unit tests run on one in memory.
+//! peeking need from it (the functions of [`scripts`] run on one cluster slot's keys at a
+//! time), and why an operation on it failed. [`redis_store`] is the store the shim runs on,
+//! a standalone Redis or a Redis Cluster reached over [`redis_connection`], with the
+//! cluster's map of masters (`cluster_nodes`) and concurrent callers' requests merged into
+//! one call per target (`coalesce`); the unit tests run on one in memory (`fake`).
 
-use crate::scripts::{Charge, Mode, Row};
+pub(crate) mod cluster_nodes;
+mod coalesce;
+#[cfg(test)]
+pub(crate) mod fake;
+pub mod redis_connection;
+pub mod redis_store;
+pub mod scripts;
+
+use scripts::{Charge, Mode, Row};
 use ratelimit_wire::Check;
 use redis::cluster_routing::Slot;
 use redis::RedisError;
@@ -11,7 +21,7 @@ use std::fmt;
 use std::future::Future;
 
 /// The operations a decision needs from the counters' store: the functions of
-/// [`crate::scripts`] run on one cluster slot's keys at a time. Behind a trait so the
+/// [`crate::store::scripts`] run on one cluster slot's keys at a time. Behind a trait so the
 /// decision across slots is tested against a store in memory.
 pub trait Store {
     /// Groups check indices by the cluster slot of their keys, in order of first

@@ -8,11 +8,11 @@
 //! reconnect by themselves. Every operation is bounded by the Redis timeout, whatever
 //! the client library does.
 
-use crate::cluster_nodes::{moved_away, slot_of, NodeMap};
-use crate::coalesce::{Answer, BatchRunner, Coalescer};
 use crate::metrics::Metrics;
-use crate::redis_connection::{open, Connection, RedisConfig};
-use crate::scripts::{
+use crate::store::cluster_nodes::{moved_away, slot_of, NodeMap};
+use crate::store::coalesce::{Answer, BatchRunner, Coalescer};
+use crate::store::redis_connection::{open, Connection, RedisConfig};
+use crate::store::scripts::{
     check_batch_call, check_call, check_node_call, parse_batch_reply, parse_rows, refund_call, Charge,
     FunctionCall, Library, Mode, RequestChecks, RequestRows, Row,
 };
@@ -129,10 +129,10 @@ impl RedisStore {
     /// The script that can decide a request whose keys are `keys` along with other
     /// requests: on a standalone Redis, one for every request; on a cluster, one per
     /// master, for requests whose keys all lie on it, as far as the shim's map of the
-    /// cluster knows ([`crate::cluster_nodes`]); without a map, one per slot for requests
+    /// cluster knows ([`crate::store::cluster_nodes`]); without a map, one per slot for requests
     /// whose keys all lie in it (one client's rules keyed alike). `None` for a request
     /// whose keys span masters (or slots, without a map): it is decided slot by slot
-    /// ([`crate::decision::decide`]).
+    /// ([`crate::decide::decision::decide`]).
     pub fn shared_script(&self, keys: &[String]) -> Option<SharedScript> {
         if !self.is_cluster() {
             return Some(SharedScript::Standalone);
@@ -172,7 +172,7 @@ impl RedisStore {
 
     /// Runs check_batch.lua (check_node.lua for a master): each of `requests` charged
     /// on its own, as check.lua would charge it alone, in one call, which may carry other
-    /// concurrent callers' requests on the same target ([`crate::coalesce`]). Every
+    /// concurrent callers' requests on the same target ([`crate::store::coalesce`]). Every
     /// request's keys share `script` ([`Self::shared_script`]). A request that met a key
     /// no longer on the master fails with nothing written ([`moved_away`]), and the map
     /// is read again.

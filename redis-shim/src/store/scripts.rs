@@ -28,26 +28,26 @@ use redis::{Cmd, ToRedisArgs};
 /// Everything the drivers share: the prelude, the calendar, every algorithm and
 /// `check_request`.
 const SHARED_SOURCE: &str = concat!(
-    include_str!("../scripts/common.lua"),
-    include_str!("../scripts/calendar.lua"),
-    include_str!("../scripts/token_bucket.lua"),
-    include_str!("../scripts/fixed_window.lua"),
-    include_str!("../scripts/sliding_window_log.lua"),
-    include_str!("../scripts/sliding_window_counter.lua"),
-    include_str!("../scripts/concurrency.lua"),
-    include_str!("../scripts/request.lua"),
+    include_str!("../../scripts/common.lua"),
+    include_str!("../../scripts/calendar.lua"),
+    include_str!("../../scripts/token_bucket.lua"),
+    include_str!("../../scripts/fixed_window.lua"),
+    include_str!("../../scripts/sliding_window_log.lua"),
+    include_str!("../../scripts/sliding_window_counter.lua"),
+    include_str!("../../scripts/concurrency.lua"),
+    include_str!("../../scripts/request.lua"),
 );
 
 /// The drivers, each registered as the function `<library>_<name>` with its flags.
 const DRIVERS: [(&str, &str, &str); 4] = [
-    ("check", include_str!("../scripts/check.lua"), ""),
-    ("check_batch", include_str!("../scripts/check_batch.lua"), ""),
+    ("check", include_str!("../../scripts/check.lua"), ""),
+    ("check_batch", include_str!("../../scripts/check_batch.lua"), ""),
     (
         "check_node",
-        include_str!("../scripts/check_node.lua"),
+        include_str!("../../scripts/check_node.lua"),
         "'allow-cross-slot-keys'",
     ),
-    ("refund", include_str!("../scripts/refund.lua"), ""),
+    ("refund", include_str!("../../scripts/refund.lua"), ""),
 ];
 
 /// The shim's function library: its source and its functions' names.
@@ -418,7 +418,7 @@ mod tests {
 
     #[test]
     fn the_scripts_cap_debt_where_the_wire_says() {
-        let common = include_str!("../scripts/common.lua");
+        let common = include_str!("../../scripts/common.lua");
         let line = format!("local MAX_DEBT_LIMITS = {}\n", ratelimit_wire::MAX_DEBT_LIMITS);
         assert!(common.contains(&line), "common.lua lacks {line:?}");
     }

@@ -1,7 +1,7 @@
 //! What the shim runs with: [`ShimConfig`], and the checks that refuse a configuration
 //! the shim cannot run safely with before anything is served.
 
-use crate::redis_connection::RedisConfig;
+use crate::store::redis_connection::RedisConfig;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -25,7 +25,7 @@ pub struct ShimConfig {
     /// Most requests with a body (checks, admin calls) answered at once; more are
     /// answered 503 at once.
     pub max_in_flight: usize,
-    /// Most connections open at once (see `connection_cap.rs`).
+    /// Most connections open at once (see `connection_cap.rs` beside this file).
     pub max_connections: usize,
     /// Longest wait for a connection's first request (its headers included).
     pub header_timeout: Duration,
@@ -33,7 +33,7 @@ pub struct ShimConfig {
     pub body_timeout: Duration,
     /// Longest the shim waits for checks in flight after the shutdown signal.
     pub shutdown_timeout: Duration,
-    /// Envoy's rate-limit service too, when set (`crate::rls`).
+    /// Envoy's rate-limit service too, when set (`crate::decide::rls`).
     pub rls: Option<RlsOptions>,
 }
 

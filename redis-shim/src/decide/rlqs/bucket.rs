@@ -4,12 +4,12 @@
 //! child `key_value` before the value-less `key`, as for RLS) goes down; the limit applies
 //! when the last entry lands on it. The entries in the order they matched are the
 //! descriptor the bucket stands for, and its counter is that descriptor's RLS counter
-//! ([`crate::rls::counter_key`]): an Envoy on the `rate_limit_quota` filter and one on the
+//! ([`crate::decide::rls::counter_key`]): an Envoy on the `rate_limit_quota` filter and one on the
 //! `ratelimit` filter that name the same entries share one counter, and with the Wasm
 //! filter's rule where the limit names a `filter_rule`.
 
-use crate::rls::config::{Limit, Node, RlsConfig};
-use crate::rls::counter_key::counter_key;
+use crate::decide::rls::config::{Limit, Node, RlsConfig};
+use crate::decide::rls::counter_key::counter_key;
 use ratelimit_wire::Check;
 
 /// At most this many entries in a bucket id, and this many bytes per key or value: a
@@ -217,7 +217,7 @@ descriptors:
         )
         .unwrap();
         let mut config = RlsConfig::default();
-        crate::rls::filter_rule::add_file(
+        crate::decide::rls::filter_rule::add_file(
             &mut config,
             "domain: quota\ndescriptors:\n  - key: api_key\n    rate_limit: { unit: minute, requests_per_unit: 40, algorithm: token_bucket, filter_rule: per-key }\n",
             &filter,

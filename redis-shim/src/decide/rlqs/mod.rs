@@ -6,14 +6,12 @@
 //!
 //! - [`bucket`]: which limit a bucket id falls under, and its counter;
 //! - [`ledger`]: one bucket's account on one stream, and what each report comes to (no I/O);
-//! - [`assignment`]: the assignments, as Envoy applies them;
-//! - [`session`]: one stream's buckets and their Redis work;
-//! - [`service`]: the gRPC service (token, stream bound, the stream's life);
-//! - [`metrics`]: its counters on `GET /metrics`.
+//! - [`assignment`]: the assignments, as Envoy applies them.
+//!
+//! A stream's buckets and their Redis work (`transport::grpc::rlqs_session`) and
+//! the gRPC service (`transport::grpc::rlqs`) are transport; its counters are in
+//! [`crate::metrics::rlqs`].
 
 pub mod assignment;
 pub mod bucket;
 pub mod ledger;
-pub mod metrics;
-pub mod service;
-pub mod session;

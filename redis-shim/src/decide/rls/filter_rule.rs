@@ -184,8 +184,8 @@ pub fn check_each_rule_shared_once(config: &RlsConfig) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::rls::plan::plan;
     use crate::envoy_api::messages::ratelimit::{Entry, RateLimitDescriptor, RateLimitRequest};
-    use crate::rls::plan::plan;
     use ratelimit_rules::attributes::GivenRequest;
     use ratelimit_wire::Check;
 

@@ -9,20 +9,17 @@
 //! - [`counter_key`]: its counter's Redis key, hashed;
 //! - [`filter_rule`]: a limit sharing a Wasm filter rule's counter (mixed fleets), as
 //!   [`shared`] records it;
-//! - [`plan`]: a request into checks, and their results into the answer (no I/O);
-//! - [`service`]: the gRPC service (token, in-flight bound, decision);
-//! - [`metrics`]: its counters on `GET /metrics`.
+//! - [`plan`]: a request into checks, and their results into the answer (no I/O).
 //!
-//! [`crate::grpc`] serves it, beside the quota service ([`crate::rlqs`]) that reads the
-//! same configuration.
+//! The gRPC service that asks them is transport (`transport::grpc::rls`), its
+//! counters are in [`crate::metrics::rls`]; the quota service ([`crate::decide::rlqs`])
+//! reads the same configuration.
 
 pub mod config;
 pub mod counter_key;
 pub mod filter_rule;
 pub mod matching;
-pub mod metrics;
 pub mod plan;
-pub mod service;
 pub mod shared;
 pub mod unit;
 mod yaml_fields;

@@ -4,15 +4,16 @@
 //! The command reads the filter's plugin configuration and plans the request described
 //! on its command line with the filter's own code (`ratelimit_rules::plan` over a
 //! [`GivenRequest`]), so each rule's counter key is the key the filter sends, never a
-//! reimplementation of it. It then asks a shim's admin endpoints ([`crate::admin`]), over
+//! reimplementation of it. It then asks a shim's admin endpoints ([`crate::ops::admin`]), over
 //! HTTP with the admin token, for the counters' state (charging nothing) or to delete
 //! them, and prints a table per rule, or JSON.
 
 mod report;
 mod rule_rows;
 
-use crate::admin::{ResetAnswer, ShowAnswer, VariantsAnswer};
-use crate::routes::{COUNTERS_RESET, COUNTERS_SHOW, COUNTERS_VARIANTS};
+use super::admin::{
+    ResetAnswer, ShowAnswer, VariantsAnswer, COUNTERS_RESET, COUNTERS_SHOW, COUNTERS_VARIANTS,
+};
 use clap::Subcommand;
 use ratelimit_rules::attributes::GivenRequest;
 use ratelimit_rules::config::FilterConfig;

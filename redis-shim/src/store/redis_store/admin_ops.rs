@@ -2,7 +2,7 @@
 //! from the checks: PING, deleting a counter, finding a counter's other variants.
 
 use super::RedisStore;
-use crate::redis_connection::Connection;
+use crate::store::redis_connection::Connection;
 use crate::store::StoreError;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::FromRedisValue;

@@ -1,14 +1,14 @@
-//! The gRPC listener (`--grpc-listen`): Envoy's rate-limit service ([`crate::rls`]) and
-//! its quota service ([`crate::rlqs`]) on one port, both deciding against the limits of
+//! The gRPC listener (`--grpc-listen`): Envoy's rate-limit service ([`crate::decide::rls`]) and
+//! its quota service ([`crate::decide::rlqs`]) on one port, both deciding against the limits of
 //! `--rls-config`. [`prepare`] loads that configuration (refusing at start what it cannot
 //! run), binds the listener and routes both services; [`crate::server`] serves them.
 
-use crate::config::RlsOptions;
-use crate::endpoint::Shim;
-use crate::envoy_api::server::{RateLimitQuotaServer, RateLimitServer, Routed};
-use crate::rlqs::service::RlqsService;
-use crate::rls::service::RlsService;
-use crate::rls::{config, filter_rule};
+use crate::decide::rls::{config, filter_rule};
+use crate::transport::config::RlsOptions;
+use crate::transport::grpc::rlqs::RlqsService;
+use crate::transport::grpc::rls::RlsService;
+use crate::transport::grpc::server::{RateLimitQuotaServer, RateLimitServer, Routed};
+use crate::transport::shim::Shim;
 use axum::Router;
 use std::sync::Arc;
 use tokio::net::TcpListener;

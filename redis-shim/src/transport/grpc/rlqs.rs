@@ -5,11 +5,11 @@
 //! went away, or closed it) its grants released once they can no longer be spent. When
 //! the shim stops, streams end and their grants stay charged (stricter, never looser).
 
-use super::session::Session;
-use crate::endpoint::Shim;
+use super::presented_token;
+use super::rlqs_session::Session;
+use crate::decide::rls::config::RlsConfig;
 use crate::envoy_api::messages::quota::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
-use crate::rls::config::RlsConfig;
-use crate::rls::service::presented_token;
+use crate::transport::shim::Shim;
 use ratelimit_wire::TOKEN_HEADER;
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};

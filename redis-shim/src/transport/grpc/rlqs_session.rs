@@ -5,17 +5,17 @@
 //! answered. When the stream ends, [`Session::release`] gives back what its grants hold
 //! once the Envoy can no longer spend it.
 
-use super::assignment;
-use super::bucket::{bucket_key, bucket_limit, BucketKey, BucketLimit};
-use super::ledger::{Ledger, Next, ASSIGNMENT_TTL_MS, ENVOY_REPORT_INTERVAL_MS};
-use crate::adjustments::adjust_counters;
-use crate::check::respond;
-use crate::decision;
-use crate::endpoint::Shim;
+use crate::decide::adjustments::adjust_counters;
+use crate::decide::answer::respond;
+use crate::decide::clock::now_ms;
+use crate::decide::decision;
+use crate::decide::rlqs::assignment;
+use crate::decide::rlqs::bucket::{bucket_key, bucket_limit, BucketKey, BucketLimit};
+use crate::decide::rlqs::ledger::{Ledger, Next, ASSIGNMENT_TTL_MS, ENVOY_REPORT_INTERVAL_MS};
+use crate::decide::rls::config::RlsConfig;
 use crate::envoy_api::messages::quota::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
-use crate::log_once::OncePerKey;
-use crate::rls::config::RlsConfig;
-use crate::rls::service::now_ms;
+use crate::transport::log_once::OncePerKey;
+use crate::transport::shim::Shim;
 use futures_util::future::join_all;
 use ratelimit_wire::{Check, CheckRequest, CheckResult, Settlement, TokenReturn};
 use std::collections::HashMap;
@@ -214,8 +214,8 @@ impl Session {
         let decision = decision::decide(&self.shim.store, &keys, &request.checks).await;
         match respond(&self.shim.metrics, &request, &keys, decision) {
             Ok(response) => response.results.into_iter().next(),
-            Err(refusal) => {
-                tracing::warn!(error = %refusal.message, "RLQS: a grant failed; the bucket keeps its assignment until it expires");
+            Err(message) => {
+                tracing::warn!(error = %message, "RLQS: a grant failed; the bucket keeps its assignment until it expires");
                 None
             }
         }

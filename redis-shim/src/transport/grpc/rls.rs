@@ -1,23 +1,24 @@
 //! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over gRPC: the caller's
 //! token (gRPC metadata `x-ratelimit-token`, as the HTTP endpoints take it), an in-flight
-//! permit from the shim's bound, then the request planned ([`super::plan`]) and its
+//! permit from the shim's bound, then the request planned ([`crate::decide::rls::plan`]) and its
 //! checks decided by the shim's own path: all of them in one atomic script where their
 //! keys share a slot, slot by slot with refunds on a cluster otherwise
-//! ([`crate::decision`]), counted and logged as `POST /v1/check` counts them.
+//! ([`crate::decide::decision`]), counted and logged as `POST /v1/check` counts them.
 
-use super::config::RlsConfig;
-use super::metrics::CallOutcome;
-use super::plan::{answer, plan, Plan, Planned};
-use crate::admission::OVERLOADED;
-use crate::check::respond;
-use crate::decision;
-use crate::endpoint::Shim;
+use super::presented_token;
+use crate::decide::answer::respond;
+use crate::decide::clock::now_ms;
+use crate::decide::decision;
+use crate::decide::rls::config::RlsConfig;
+use crate::decide::rls::plan::{answer, plan, Plan, Planned};
 use crate::envoy_api::messages::ratelimit::{Code, RateLimitRequest, RateLimitResponse};
-use crate::scripts::Mode;
+use crate::metrics::rls::{CallOutcome, DescriptorOutcome};
+use crate::store::scripts::Mode;
 use crate::store::{check_group, Store, StoreError};
+use crate::transport::admission::OVERLOADED;
+use crate::transport::shim::Shim;
 use ratelimit_wire::{Check, CheckRequest, CheckResult, TOKEN_HEADER};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 use tonic::{Request, Response, Status};
 
 /// The service: the shim's store, bounds and metrics, and the loaded configuration.
@@ -63,7 +64,7 @@ impl RlsService {
                 _ => false,
             };
             debug_assert!(over || status.code == Code::Ok as i32);
-            rls.descriptor(planned, over);
+            rls.descriptor(descriptor_outcome(planned, over));
         }
         rls.call(if response.overall_code == Code::OverLimit as i32 {
             CallOutcome::OverLimit
@@ -100,8 +101,22 @@ impl RlsService {
         let decision = decision::decide(&shim.store, &keys, &request.checks).await;
         match respond(&shim.metrics, &request, &keys, decision) {
             Ok(response) => Ok(response.results),
-            Err(refusal) => Err(Status::unavailable(refusal.message)),
+            Err(message) => Err(Status::unavailable(message)),
         }
+    }
+}
+
+/// What an answered descriptor came to; `over` says whether its limit refused it.
+fn descriptor_outcome(planned: &Planned, over: bool) -> DescriptorOutcome {
+    match planned {
+        Planned::NoLimit => DescriptorOutcome::NoLimit,
+        Planned::Unlimited => DescriptorOutcome::Unlimited,
+        Planned::Replaced => DescriptorOutcome::Replaced,
+        Planned::Counted { limit, .. } | Planned::Exceeds { limit } => match (over, limit.shadow_mode) {
+            (false, _) => DescriptorOutcome::Ok,
+            (true, false) => DescriptorOutcome::OverLimit,
+            (true, true) => DescriptorOutcome::ShadowOverLimit,
+        },
     }
 }
 
@@ -119,20 +134,4 @@ async fn peek<S: Store>(
         }
     }
     Ok(results)
-}
-
-/// The caller's token, as gRPC metadata carries it (empty when absent).
-pub fn presented_token(metadata: &tonic::metadata::MetadataMap) -> &[u8] {
-    metadata
-        .get(TOKEN_HEADER)
-        .map(|v| v.as_bytes())
-        .unwrap_or_default()
-}
-
-/// The shim's clock, in Unix milliseconds.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }

@@ -2,10 +2,10 @@
 //! shim's service ([`RlsService`], [`RlqsService`]) through tonic's protobuf codec, and
 //! answers any other path `UNIMPLEMENTED`, as a generated server would.
 
-use super::messages::quota::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
-use super::messages::ratelimit::{RateLimitRequest, RateLimitResponse};
-use crate::rlqs::service::{QuotaStream, RlqsService};
-use crate::rls::service::RlsService;
+use crate::envoy_api::messages::quota::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+use crate::envoy_api::messages::ratelimit::{RateLimitRequest, RateLimitResponse};
+use crate::transport::grpc::rlqs::{QuotaStream, RlqsService};
+use crate::transport::grpc::rls::RlsService;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;

@@ -1,11 +1,13 @@
-//! `POST /v1/check`: one request's checks decided, and what the shim answers for a
-//! decided request (or one that failed): its status, and the counting and logging of the
-//! decision. A batch's requests are answered the same way ([`crate::check_batch`]).
+//! `POST /v1/check`: one request's checks decided, and its HTTP answer: the response and
+//! how it is counted. The decision is counted and logged as every service's is
+//! ([`crate::decide::answer`]); a batch's requests are answered the same way
+//! ([`super::check_batch`]).
 
-use crate::decision::{self, DecideError, Decision};
-use crate::endpoint::{error, Admitted, Refusal, Reply, Shim};
-use crate::metrics::{CheckOutcome, Metrics, RequestOutcome};
-use crate::refund::Refund;
+use super::endpoint::{error, Admitted, Refusal, Reply};
+use crate::decide::answer::respond;
+use crate::decide::decision;
+use crate::metrics::RequestOutcome;
+use crate::transport::shim::Shim;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
@@ -33,7 +35,7 @@ async fn decide_request(shim: &Shim, request: &CheckRequest) -> Result<CheckResp
         .config
         .redis_keys(request.checks.iter().map(|check| check.key.as_str()));
     let decision = decision::decide(&shim.store, &keys, &request.checks).await;
-    respond(&shim.metrics, request, &keys, decision)
+    respond(&shim.metrics, request, &keys, decision).map_err(redis_failed)
 }
 
 pub fn answer_outcome(answer: &CheckResponse) -> RequestOutcome {
@@ -52,68 +54,11 @@ pub fn invalid_request(invalid: impl std::fmt::Display) -> Refusal {
     )
 }
 
-/// One request's decision (or failure), counted and logged, as the shim answers it.
-pub fn respond(
-    metrics: &Metrics,
-    request: &CheckRequest,
-    keys: &[String],
-    decision: Result<Decision, DecideError>,
-) -> Result<CheckResponse, Refusal> {
-    match decision {
-        Ok(decision) => {
-            record_decision(metrics, request, keys, &decision);
-            Ok(CheckResponse {
-                allowed: decision.allowed,
-                results: decision.results,
-                unsupported: Vec::new(),
-            })
-        }
-        Err(failure) => {
-            record_failure(metrics, &failure);
-            Err(Refusal::new(
-                RequestOutcome::RedisError,
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("redis: {}", failure.error),
-            ))
-        }
-    }
-}
-
-fn log_refund_failures(refund: &Refund) {
-    for failure in &refund.failures {
-        tracing::error!(error = %failure.error, keys = ?failure.keys, "refund failed");
-    }
-}
-
-/// Counts a decided request's refund and checks, and logs each shadow check that would
-/// have denied.
-fn record_decision(metrics: &Metrics, request: &CheckRequest, keys: &[String], decision: &Decision) {
-    if let Some(refund) = &decision.refund {
-        log_refund_failures(refund);
-        metrics.refund(refund.is_complete());
-    }
-    for ((check, result), key) in request.checks.iter().zip(&decision.results).zip(keys) {
-        let outcome = match (result.allowed, check.shadow) {
-            (true, _) => CheckOutcome::Allowed,
-            (false, false) => CheckOutcome::Denied,
-            (false, true) => {
-                tracing::info!(key = %key, algorithm = check.algorithm.as_str(), limit = check.limit, "shadow check would deny");
-                CheckOutcome::ShadowDenied
-            }
-        };
-        metrics.check(check.algorithm, outcome);
-    }
-}
-
-/// Counts and logs a store failure and the refund it required.
-fn record_failure(metrics: &Metrics, failure: &DecideError) {
-    for refund in [&failure.earlier_refund, &failure.refund].into_iter().flatten() {
-        log_refund_failures(refund);
-    }
-    metrics.redis_error(failure.error.kind());
-    if let Some(refund) = &failure.refund {
-        metrics.refund(refund.is_complete());
-    }
-    let refund_complete = failure.refund.as_ref().is_none_or(Refund::is_complete);
-    tracing::warn!(error = %failure.error, refund_complete, "redis check failed");
+/// A request Redis could not decide, as `POST /v1/check` answers it.
+pub fn redis_failed(message: String) -> Refusal {
+    Refusal::new(
+        RequestOutcome::RedisError,
+        StatusCode::SERVICE_UNAVAILABLE,
+        message,
+    )
 }

@@ -1,19 +1,21 @@
 //! `POST /v1/check-batch`: several requests' checks (see [`BatchCheckRequest`]), each
 //! its own atomic decision, so one call carries what a worker of the filter queued. Each
 //! request is decided, answered and counted in the metrics as if it had come alone to
-//! `POST /v1/check` ([`crate::check`]), in as few scripts as their keys allow.
+//! `POST /v1/check` ([`crate::transport::http::check`]), in as few scripts as their keys allow.
 
-use crate::adjustments::adjust_counters;
-use crate::admission::OVERLOADED;
-use crate::check::{answer_outcome, invalid_request, respond};
-use crate::cluster_nodes::moved_away;
-use crate::decision::{self, DecideError, Decision};
-use crate::endpoint::{error, Admitted, Refusal, Reply, Shim};
-use crate::log_once::OncePerKey;
+use super::check::{answer_outcome, invalid_request, redis_failed};
+use crate::decide::adjustments::adjust_counters;
+use crate::decide::answer::respond;
+use crate::decide::decision::{self, DecideError, Decision};
 use crate::metrics::RequestOutcome;
-use crate::redis_store::SharedScript;
-use crate::scripts::RequestChecks;
+use crate::store::cluster_nodes::moved_away;
+use crate::store::redis_store::SharedScript;
+use crate::store::scripts::RequestChecks;
 use crate::store::StoreError;
+use crate::transport::admission::OVERLOADED;
+use crate::transport::http::endpoint::{error, Admitted, Refusal, Reply};
+use crate::transport::log_once::OncePerKey;
+use crate::transport::shim::Shim;
 use axum::http::HeaderValue;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -180,7 +182,7 @@ fn log_unsupported_once(field: &str) {
 /// masters.
 /// One script for ten requests costs Redis less than half the CPU per check of ten
 /// scripts (`bench/RESULTS.md`); a script may also carry concurrent calls' requests
-/// bound for the same target ([`crate::coalesce`]).
+/// bound for the same target (`store::coalesce`).
 async fn decide_batch(shim: &Shim, requests: &[CheckRequest]) -> Vec<Result<CheckResponse, Refusal>> {
     let _in_flight: Vec<_> = requests.iter().map(|_| shim.metrics.in_flight()).collect();
     let keys: Vec<Vec<String>> = requests
@@ -267,7 +269,7 @@ async fn decide_batch(shim: &Shim, requests: &[CheckRequest]) -> Vec<Result<Chec
                     "no answer for a request".into(),
                 )))
             });
-            respond(&shim.metrics, request, keys, decision)
+            respond(&shim.metrics, request, keys, decision).map_err(redis_failed)
         })
         .collect()
 }

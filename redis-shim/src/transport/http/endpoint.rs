@@ -4,7 +4,7 @@
 //!
 //! 1. the caller's token, checked before anything else, so a caller without it costs no
 //!    permit and none of its body is read;
-//! 2. for an endpoint that takes a body, an in-flight permit (`admission.rs`),
+//! 2. for an endpoint that takes a body, an in-flight permit (`transport/admission.rs`),
 //!    held until the request is answered;
 //! 3. then the body, read within the endpoint's size limit and the body timeout while
 //!    the permit is held (so the bytes buffered at once stay under the bound times the
@@ -14,45 +14,26 @@
 //! Handlers only say what they answered: the refusals above, their status codes and
 //! their counting are the template's alone.
 
-use crate::admission::{Admission, OVERLOADED};
-use crate::body::{read_body, BodyError};
-use crate::config::ShimConfig;
-use crate::metrics::{ConnectionClose, Metrics, RequestOutcome};
-use crate::redis_store::RedisStore;
+use super::body::{read_body, BodyError};
+use crate::metrics::{ConnectionClose, RequestOutcome};
+use crate::transport::admission::OVERLOADED;
+use crate::transport::config::ShimConfig;
+use crate::transport::shim::{constant_time_eq, Shim};
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ratelimit_wire::{TOKEN_HEADER, VERSION, VERSION_HEADER};
+use ratelimit_wire::{MAX_BATCH, TOKEN_HEADER, VERSION, VERSION_HEADER};
 use serde_json::json;
 use std::future::Future;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::OwnedSemaphorePermit;
 
-/// What every endpoint shares.
-pub struct Shim {
-    pub store: RedisStore,
-    pub config: ShimConfig,
-    /// Shared with the connection cap, which counts the open connections.
-    pub metrics: Arc<Metrics>,
-    pub admission: Admission,
-    /// Set once the shutdown signal came: the shim reports not ready.
-    pub draining: AtomicBool,
-}
-
-impl Shim {
-    pub fn new(store: RedisStore, config: ShimConfig, metrics: Arc<Metrics>) -> Shim {
-        Shim {
-            store,
-            admission: Admission::new(config.max_in_flight),
-            config,
-            metrics,
-            draining: AtomicBool::new(false),
-        }
-    }
-}
+/// Largest check request body accepted: 16 checks with the longest keys fit in 8 KiB.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// Largest batch body accepted.
+pub const MAX_BATCH_BODY_BYTES: usize = MAX_BATCH * MAX_BODY_BYTES;
 
 /// An endpoint's path and what it requires before its handler runs.
 #[derive(Debug, Clone, Copy)]
@@ -320,34 +301,10 @@ fn access_refusal(config: &ShimConfig, access: Access, headers: &HeaderMap) -> O
     })
 }
 
-impl Shim {
-    /// Whether a caller presenting `presented` (absent: an empty token) may be served:
-    /// always without `--token`, else when it is the token.
-    pub fn accepts_token(&self, presented: &[u8]) -> bool {
-        self.config
-            .token
-            .as_ref()
-            .is_none_or(|token| constant_time_eq(presented, token.as_bytes()))
-    }
-}
-
-/// Compares in time independent of where the inputs differ.
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::test_config;
-
-    #[test]
-    fn token_comparison() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
-        assert!(!constant_time_eq(b"", b"secret"));
-    }
+    use crate::transport::config::test_config;
 
     fn config(token: Option<&str>, admin_token: Option<&str>, token_for_operators: bool) -> ShimConfig {
         ShimConfig {
