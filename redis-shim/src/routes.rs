@@ -4,6 +4,7 @@
 //! posts to them), the admin paths are [`crate::ops::admin`]'s (`redis-shim counters`
 //! calls them), the operators' paths are here.
 
+use crate::metrics::CountedEndpoint;
 use crate::ops::admin::{self, COUNTERS_RESET, COUNTERS_SHOW, COUNTERS_VARIANTS};
 use crate::ops::operator;
 use crate::transport::http::endpoint::{
@@ -27,7 +28,7 @@ pub const CHECK: Endpoint = Endpoint {
         body_limit: MAX_BODY_BYTES,
     },
     access: Access::Callers,
-    counting: Counting::CheckRequests,
+    counting: Counting::Requests(CountedEndpoint::Check),
 };
 
 /// `POST /v1/check-batch`: several requests' checks, each decided on its own.
@@ -37,7 +38,7 @@ pub const CHECK_BATCH: Endpoint = Endpoint {
         body_limit: MAX_BATCH_BODY_BYTES,
     },
     access: Access::Callers,
-    counting: Counting::CheckRequests,
+    counting: Counting::Requests(CountedEndpoint::Check),
 };
 
 /// `GET /healthz`: liveness.

@@ -37,17 +37,19 @@ impl CheckOutcome {
     }
 }
 
-/// How one check request was answered: a `POST /v1/check`, or one request of a
-/// `POST /v1/check-batch` (counted as if posted alone; a batch refused before its
-/// requests are read counts once). The statuses are those of `/v1/check`; in a batch,
-/// a request not decided is a `failed` answer.
+/// How one request was answered. A check request is a `POST /v1/check`, or one request
+/// of a `POST /v1/check-batch` (counted as if posted alone; a batch refused before its
+/// requests are read counts once); its statuses are those of `/v1/check`, and in a batch
+/// a request not decided is a `failed` answer. An admin call is answered 200 or refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestOutcome {
     Allowed,
     Denied,
+    /// 200 to an admin call.
+    Answered,
     /// 400, 408 (body too slow) or 413.
     Invalid,
-    /// 401.
+    /// 401, or 403 (admin endpoints on a shim without a token).
     Unauthorized,
     /// 503: past the in-flight bound.
     Overloaded,
@@ -56,9 +58,10 @@ pub enum RequestOutcome {
 }
 
 impl RequestOutcome {
-    const ALL: [RequestOutcome; 6] = [
+    const ALL: [RequestOutcome; 7] = [
         RequestOutcome::Allowed,
         RequestOutcome::Denied,
+        RequestOutcome::Answered,
         RequestOutcome::Invalid,
         RequestOutcome::Unauthorized,
         RequestOutcome::Overloaded,
@@ -69,11 +72,52 @@ impl RequestOutcome {
         match self {
             RequestOutcome::Allowed => "allowed",
             RequestOutcome::Denied => "denied",
+            RequestOutcome::Answered => "ok",
             RequestOutcome::Invalid => "invalid",
             RequestOutcome::Unauthorized => "unauthorized",
             RequestOutcome::Overloaded => "overloaded",
             RequestOutcome::RedisError => "redis_error",
         }
+    }
+}
+
+/// What a counted request asked for: the `endpoint` label of `rlshim_requests_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CountedEndpoint {
+    /// A check request, alone or in a batch: the traffic the alerts' ratios are about,
+    /// and the only one timed in `rlshim_check_duration_seconds`.
+    Check,
+    CountersShow,
+    CountersReset,
+    CountersVariants,
+}
+
+impl CountedEndpoint {
+    const ALL: [CountedEndpoint; 4] = [
+        CountedEndpoint::Check,
+        CountedEndpoint::CountersShow,
+        CountedEndpoint::CountersReset,
+        CountedEndpoint::CountersVariants,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            CountedEndpoint::Check => "check",
+            CountedEndpoint::CountersShow => "counters_show",
+            CountedEndpoint::CountersReset => "counters_reset",
+            CountedEndpoint::CountersVariants => "counters_variants",
+        }
+    }
+
+    /// The outcomes its answers can have, each a series.
+    fn outcomes(self) -> impl Iterator<Item = RequestOutcome> {
+        RequestOutcome::ALL
+            .into_iter()
+            .filter(move |outcome| match outcome {
+                RequestOutcome::Allowed | RequestOutcome::Denied => self == CountedEndpoint::Check,
+                RequestOutcome::Answered => self != CountedEndpoint::Check,
+                _ => true,
+            })
     }
 }
 
@@ -152,7 +196,7 @@ impl Histogram {
 #[derive(Default)]
 pub struct Metrics {
     checks: [[AtomicU64; 3]; Algorithm::ALL.len()],
-    requests: [AtomicU64; 6],
+    requests: [[AtomicU64; RequestOutcome::ALL.len()]; CountedEndpoint::ALL.len()],
     redis_errors: [AtomicU64; 3],
     refunds: AtomicU64,
     refund_failures: AtomicU64,
@@ -177,13 +221,20 @@ impl Metrics {
         self.checks[algorithm_index(algorithm)][outcome].fetch_add(1, Relaxed);
     }
 
-    pub fn request(&self, outcome: RequestOutcome, latency: Duration) {
-        let index = RequestOutcome::ALL
+    /// One request to `endpoint` answered with `outcome`, `latency` after it came.
+    pub fn request(&self, endpoint: CountedEndpoint, outcome: RequestOutcome, latency: Duration) {
+        let e = CountedEndpoint::ALL
+            .iter()
+            .position(|e| *e == endpoint)
+            .unwrap_or(0);
+        let o = RequestOutcome::ALL
             .iter()
             .position(|o| *o == outcome)
             .unwrap_or(0);
-        self.requests[index].fetch_add(1, Relaxed);
-        self.latency.observe(latency);
+        self.requests[e][o].fetch_add(1, Relaxed);
+        if endpoint == CountedEndpoint::Check {
+            self.latency.observe(latency);
+        }
     }
 
     /// One call of the shim's Redis functions took `latency`.
@@ -252,15 +303,22 @@ impl Metrics {
             &mut out,
             "rlshim_requests_total",
             "counter",
-            "Check requests answered, by outcome.",
+            "Requests answered, by endpoint (check: each check request, alone or in a batch; counters_show, counters_reset, counters_variants: the admin calls) and outcome.",
         );
-        for (i, outcome) in RequestOutcome::ALL.iter().enumerate() {
-            let value = self.requests[i].load(Relaxed);
-            let _ = writeln!(
-                out,
-                "rlshim_requests_total{{outcome=\"{}\"}} {value}",
-                outcome.as_str()
-            );
+        for (e, endpoint) in CountedEndpoint::ALL.iter().enumerate() {
+            for outcome in endpoint.outcomes() {
+                let o = RequestOutcome::ALL
+                    .iter()
+                    .position(|r| *r == outcome)
+                    .unwrap_or(0);
+                let value = self.requests[e][o].load(Relaxed);
+                let _ = writeln!(
+                    out,
+                    "rlshim_requests_total{{endpoint=\"{}\",outcome=\"{}\"}} {value}",
+                    endpoint.as_str(),
+                    outcome.as_str()
+                );
+            }
         }
         header(
             &mut out,
@@ -359,9 +417,10 @@ mod tests {
     #[test]
     fn histogram_buckets_are_cumulative_and_gauge_follows_guards() {
         let metrics = Metrics::default();
-        metrics.request(RequestOutcome::Allowed, Duration::from_micros(300));
-        metrics.request(RequestOutcome::Denied, Duration::from_millis(3));
-        metrics.request(RequestOutcome::Denied, Duration::from_secs(9));
+        let check = CountedEndpoint::Check;
+        metrics.request(check, RequestOutcome::Allowed, Duration::from_micros(300));
+        metrics.request(check, RequestOutcome::Denied, Duration::from_millis(3));
+        metrics.request(check, RequestOutcome::Denied, Duration::from_secs(9));
         metrics.redis_call(Duration::from_micros(80));
         let guard = metrics.in_flight();
         let text = metrics.render();
@@ -382,7 +441,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("rlshim_requests_total{outcome=\"denied\"} 2\n"),
+            text.contains("rlshim_requests_total{endpoint=\"check\",outcome=\"denied\"} 2\n"),
             "{text}"
         );
         assert!(
@@ -396,5 +455,28 @@ mod tests {
         assert!(text.contains("rlshim_in_flight 1\n"), "{text}");
         drop(guard);
         assert!(metrics.render().contains("rlshim_in_flight 0\n"));
+    }
+
+    #[test]
+    fn admin_calls_count_by_endpoint_and_are_not_timed_as_checks() {
+        let metrics = Metrics::default();
+        let reset = CountedEndpoint::CountersReset;
+        metrics.request(reset, RequestOutcome::Answered, Duration::from_millis(1));
+        metrics.request(reset, RequestOutcome::Unauthorized, Duration::from_millis(1));
+        let text = metrics.render();
+        for counted in [
+            "rlshim_requests_total{endpoint=\"counters_reset\",outcome=\"ok\"} 1\n",
+            "rlshim_requests_total{endpoint=\"counters_reset\",outcome=\"unauthorized\"} 1\n",
+            "rlshim_requests_total{endpoint=\"check\",outcome=\"unauthorized\"} 0\n",
+            "rlshim_check_duration_seconds_count 0\n",
+        ] {
+            assert!(text.contains(counted), "no {counted} in\n{text}");
+        }
+        // Outcomes an endpoint cannot have are no series.
+        assert!(
+            !text.contains("endpoint=\"counters_reset\",outcome=\"allowed\""),
+            "{text}"
+        );
+        assert!(!text.contains("endpoint=\"check\",outcome=\"ok\""), "{text}");
     }
 }

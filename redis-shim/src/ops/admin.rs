@@ -8,9 +8,14 @@
 //! check, each takes an in-flight permit and its body is read within the limits. A
 //! caller sends the counters as a [`CheckRequest`]
 //! (keys as the filter sends them, without the shim's prefix), validated as a check is.
+//! Each call, refused ones included, counts in `rlshim_requests_total` under its own
+//! `endpoint`, apart from the check traffic.
 
 use crate::decide::peek::peek;
-use crate::transport::http::endpoint::{error, Access, Admitted, Counting, Endpoint, Method, MAX_BODY_BYTES};
+use crate::metrics::{CountedEndpoint, RequestOutcome};
+use crate::transport::http::endpoint::{
+    Access, Admitted, Counting, Endpoint, Method, Refusal, Reply, MAX_BODY_BYTES,
+};
 use crate::transport::Shim;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -19,24 +24,25 @@ use ratelimit_wire::{CheckRequest, CheckResult};
 use serde::{Deserialize, Serialize};
 
 /// The admin endpoints take the counters as a check request does.
-const fn admin(path: &'static str) -> Endpoint {
+const fn admin(path: &'static str, counted: CountedEndpoint) -> Endpoint {
     Endpoint {
         path,
         method: Method::Post {
             body_limit: MAX_BODY_BYTES,
         },
         access: Access::Admin,
-        counting: Counting::Uncounted,
+        counting: Counting::Requests(counted),
     }
 }
 
 /// `POST /v1/admin/counters/show`: counters' state, charging nothing.
-pub const COUNTERS_SHOW: Endpoint = admin("/v1/admin/counters/show");
+pub const COUNTERS_SHOW: Endpoint = admin("/v1/admin/counters/show", CountedEndpoint::CountersShow);
 /// `POST /v1/admin/counters/reset`: counters deleted.
-pub const COUNTERS_RESET: Endpoint = admin("/v1/admin/counters/reset");
+pub const COUNTERS_RESET: Endpoint = admin("/v1/admin/counters/reset", CountedEndpoint::CountersReset);
 /// `POST /v1/admin/counters/variants`: the client's counters under other variants of
 /// the same rules.
-pub const COUNTERS_VARIANTS: Endpoint = admin("/v1/admin/counters/variants");
+pub const COUNTERS_VARIANTS: Endpoint =
+    admin("/v1/admin/counters/variants", CountedEndpoint::CountersVariants);
 
 /// Most keys of other variants reported per counter.
 const MAX_VARIANTS: usize = 32;
@@ -67,64 +73,84 @@ pub struct VariantsAnswer {
 
 /// The counters asked about, validated as a check is, with their Redis keys; or why
 /// they are invalid.
-fn counters_asked(shim: &Shim, body: &[u8]) -> Result<(CheckRequest, Vec<String>), String> {
+fn counters_asked(shim: &Shim, body: &[u8]) -> Result<(CheckRequest, Vec<String>), Refusal> {
     let request = serde_json::from_slice::<CheckRequest>(body)
         .map_err(|e| e.to_string())
         .and_then(|request| request.validate().map(|()| request).map_err(|e| e.to_string()))
-        .map_err(|e| format!("invalid counters: {e}"))?;
+        .map_err(|e| {
+            Refusal::new(
+                RequestOutcome::Invalid,
+                StatusCode::BAD_REQUEST,
+                format!("invalid counters: {e}"),
+            )
+        })?;
     let keys = shim
         .config
         .redis_keys(request.checks.iter().map(|check| check.key.as_str()));
     Ok((request, keys))
 }
 
-fn redis_failure(e: impl std::fmt::Display) -> Response {
-    error(StatusCode::SERVICE_UNAVAILABLE, format!("redis: {e}"))
+fn redis_failure(e: impl std::fmt::Display) -> Refusal {
+    Refusal::new(
+        RequestOutcome::RedisError,
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("redis: {e}"),
+    )
 }
 
-pub async fn show(request: Admitted) -> Response {
-    let shim = &request.shim;
-    let (counters, keys) = match counters_asked(shim, &request.body) {
-        Ok(asked) => asked,
-        Err(invalid) => return error(StatusCode::BAD_REQUEST, invalid),
-    };
-    match peek(&shim.store, &keys, &counters.checks).await {
-        Ok(results) => Json(ShowAnswer { results }).into_response(),
-        Err(e) => redis_failure(e),
+/// An admin call's answer, counted: 200, or why not.
+fn counted(answer: Result<Response, Refusal>) -> Reply {
+    match answer {
+        Ok(response) => Reply::counted(response, vec![RequestOutcome::Answered]),
+        Err(refusal) => {
+            let outcome = refusal.outcome;
+            Reply::counted(refusal.into_response(), vec![outcome])
+        }
     }
+}
+
+pub async fn show(request: Admitted) -> Reply {
+    counted(show_counters(&request).await)
+}
+
+async fn show_counters(request: &Admitted) -> Result<Response, Refusal> {
+    let shim = &request.shim;
+    let (counters, keys) = counters_asked(shim, &request.body)?;
+    let results = peek(&shim.store, &keys, &counters.checks)
+        .await
+        .map_err(redis_failure)?;
+    Ok(Json(ShowAnswer { results }).into_response())
 }
 
 /// Each algorithm keeps a counter in exactly one key (see the scripts' headers), so
 /// deleting it is the whole reset; the client's next check starts from a full limit.
-pub async fn reset(request: Admitted) -> Response {
+pub async fn reset(request: Admitted) -> Reply {
+    counted(reset_counters(&request).await)
+}
+
+async fn reset_counters(request: &Admitted) -> Result<Response, Refusal> {
     let shim = &request.shim;
-    let (counters, keys) = match counters_asked(shim, &request.body) {
-        Ok(asked) => asked,
-        Err(invalid) => return error(StatusCode::BAD_REQUEST, invalid),
-    };
-    let before = match peek(&shim.store, &keys, &counters.checks).await {
-        Ok(before) => before,
-        Err(e) => return redis_failure(e),
-    };
+    let (counters, keys) = counters_asked(shim, &request.body)?;
+    let before = peek(&shim.store, &keys, &counters.checks)
+        .await
+        .map_err(redis_failure)?;
     let mut deleted = Vec::with_capacity(keys.len());
     for key in &keys {
-        match shim.store.delete(key).await {
-            Ok(existed) => deleted.push(existed),
-            Err(e) => return redis_failure(e),
-        }
+        deleted.push(shim.store.delete(key).await.map_err(redis_failure)?);
     }
     tracing::info!(keys = ?keys, "counters reset by an operator");
-    Json(ResetAnswer { before, deleted }).into_response()
+    Ok(Json(ResetAnswer { before, deleted }).into_response())
 }
 
 /// A counter key is `<rule>/<variant>:{<client hash>}`: the other variants of the same
 /// rule and client share its rule and its hash tag, so they sit in its cluster slot.
-pub async fn variants(request: Admitted) -> Response {
+pub async fn variants(request: Admitted) -> Reply {
+    counted(list_variants(&request).await)
+}
+
+async fn list_variants(request: &Admitted) -> Result<Response, Refusal> {
     let shim = &request.shim;
-    let (counters, keys) = match counters_asked(shim, &request.body) {
-        Ok(asked) => asked,
-        Err(invalid) => return error(StatusCode::BAD_REQUEST, invalid),
-    };
+    let (counters, keys) = counters_asked(shim, &request.body)?;
     let prefix = &shim.config.key_prefix;
     let mut variants = Vec::with_capacity(keys.len());
     for (check, key) in counters.checks.iter().zip(&keys) {
@@ -141,10 +167,10 @@ pub async fn variants(request: Admitted) -> Response {
                     .take(MAX_VARIANTS)
                     .collect(),
             ),
-            Err(e) => return redis_failure(e),
+            Err(e) => return Err(redis_failure(e)),
         }
     }
-    Json(VariantsAnswer { variants }).into_response()
+    Ok(Json(VariantsAnswer { variants }).into_response())
 }
 
 /// The SCAN pattern of every variant of `key`'s rule for the same client.

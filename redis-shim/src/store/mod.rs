@@ -13,10 +13,10 @@ pub mod redis_connection;
 pub mod redis_store;
 pub mod scripts;
 
-use scripts::{Charge, Mode, Row};
 use ratelimit_wire::Check;
 use redis::cluster_routing::Slot;
 use redis::RedisError;
+use scripts::{Charge, Mode, Row};
 use std::fmt;
 use std::future::Future;
 

@@ -15,7 +15,7 @@
 //! their counting are the template's alone.
 
 use super::body::{read_body, BodyError};
-use crate::metrics::{ConnectionClose, RequestOutcome};
+use crate::metrics::{ConnectionClose, CountedEndpoint, RequestOutcome};
 use crate::transport::admission::OVERLOADED;
 use crate::transport::config::ShimConfig;
 use crate::transport::shim::{constant_time_eq, Shim};
@@ -71,11 +71,14 @@ pub enum Access {
 /// How an endpoint's answers enter the metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Counting {
-    /// Each check request answered is counted by outcome (`rlshim_requests_total`) and
-    /// timed (`rlshim_check_duration_seconds`); a refusal by the template counts once.
-    CheckRequests,
-    /// Not in the check requests' metrics (operators' and admin endpoints); a body that
-    /// stalls still counts as a connection closed, as every endpoint's does.
+    /// Each request answered is counted by outcome under this endpoint in
+    /// `rlshim_requests_total` (a check request also timed in
+    /// `rlshim_check_duration_seconds`); a refusal by the template counts once. Refusals
+    /// count too, so a caller with the wrong token or past the bound shows.
+    Requests(CountedEndpoint),
+    /// Not in `rlshim_requests_total` (the operators' probes and scrapes, which take no
+    /// permit); a body that stalls still counts as a connection closed, as every
+    /// endpoint's does.
     Uncounted,
 }
 
@@ -102,9 +105,9 @@ impl Admitted {
     }
 }
 
-/// What a handler answers: the response, and the outcome of each check request it
-/// answered (for endpoints that count them). A handler that counts nothing answers a
-/// plain [`Response`].
+/// What a handler answers: the response, and the outcome of each request it answered
+/// (for endpoints that count them). A handler that counts nothing answers a plain
+/// [`Response`].
 pub struct Reply {
     pub response: Response,
     pub outcomes: Vec<RequestOutcome>,
@@ -189,10 +192,10 @@ where
             Reply::counted(refusal.into_response(), vec![outcome])
         }
     };
-    if endpoint.counting == Counting::CheckRequests {
+    if let Counting::Requests(counted) = endpoint.counting {
         let elapsed = started.elapsed();
         for outcome in reply.outcomes {
-            shim.metrics.request(outcome, elapsed);
+            shim.metrics.request(counted, outcome, elapsed);
         }
     }
     // Every answer says which release answered it, so that a filter can tell.
