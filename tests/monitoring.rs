@@ -675,7 +675,12 @@ fn every_query_names_metrics_a_running_stack_exports() {
 
     let mut scrape = Scrape::new();
     let shim_text = get(&shim.url("/metrics"), &[]).body;
-    assert!(value_of(&shim_text, "rlshim_requests_total{outcome=\"denied\"}") >= 1.0);
+    assert!(
+        value_of(
+            &shim_text,
+            "rlshim_requests_total{endpoint=\"check\",outcome=\"denied\"}"
+        ) >= 1.0
+    );
     parse_exposition(&shim_text, &mut scrape);
 
     // A check failing to a dead shim: the demo fails open.

@@ -679,7 +679,7 @@ fn a_batch_larger_than_the_in_flight_bound_decides_what_fits() {
     assert_eq!(redis.cli(&["DBSIZE"]), "2", "the refused were not charged");
     let metrics = get(&shim.url("/metrics"), &[]).body;
     assert!(
-        metrics.contains(r#"rlshim_requests_total{outcome="overloaded"} 3"#),
+        metrics.contains(r#"rlshim_requests_total{endpoint="check",outcome="overloaded"} 3"#),
         "{metrics}"
     );
 }

@@ -128,7 +128,10 @@ fn a_caller_without_the_token_is_refused_before_its_body_is_read() {
     // (each at most a 32 KiB read buffer): well under a third of that.
     assert!(growth_kib < 16 * 1024, "RSS grew by {growth_kib} KiB");
     assert_eq!(
-        metric(&shim, r#"rlshim_requests_total{outcome="unauthorized"}"#),
+        metric(
+            &shim,
+            r#"rlshim_requests_total{endpoint="check",outcome="unauthorized"}"#
+        ),
         1 + CALLERS as u64,
         "every caller was answered 401"
     );
@@ -215,7 +218,10 @@ fn an_admin_body_that_stalls_is_cut_like_a_check_body() {
     let shim = Shim::start(&redis.url(), &["--token", TOKEN, "--body-timeout-ms", "500"]);
     assert_a_stalled_body_is_cut(&shim, "/v1/admin/counters/reset");
     assert_eq!(
-        metric(&shim, r#"rlshim_requests_total{outcome="invalid"}"#),
+        metric(
+            &shim,
+            r#"rlshim_requests_total{endpoint="check",outcome="invalid"}"#
+        ),
         0,
         "an admin call is not a check request"
     );

@@ -151,7 +151,10 @@ fn checks_past_the_in_flight_bound_get_503_at_once() {
         post(&shim.url("/v1/check"), &[], &check_body("one-too-many"))
     });
     assert_eq!(
-        sample(&metrics(&shim), "rlshim_requests_total{outcome=\"overloaded\"}"),
+        sample(
+            &metrics(&shim),
+            "rlshim_requests_total{endpoint=\"check\",outcome=\"overloaded\"}"
+        ),
         1.0
     );
 }
@@ -181,10 +184,58 @@ fn admin_calls_past_the_in_flight_bound_get_503_at_once_like_checks() {
     };
     assert_refused_past_the_bound(&redis, &shim, 2, show);
     assert_eq!(show().status, 200, "the checks' permits are given back");
+    let text = metrics(&shim);
     assert_eq!(
-        sample(&metrics(&shim), "rlshim_requests_total{outcome=\"overloaded\"}"),
+        sample(
+            &text,
+            "rlshim_requests_total{endpoint=\"check\",outcome=\"overloaded\"}"
+        ),
         0.0,
         "an admin call is not a check request"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "rlshim_requests_total{endpoint=\"counters_show\",outcome=\"overloaded\"}"
+        ),
+        1.0,
+        "the admin call refused at the bound counts under its endpoint"
+    );
+}
+
+// An admin call shows in rlshim_requests_total under its endpoint whether it was answered
+// or refused, and not in the check traffic the alerts' ratios are about.
+#[test]
+fn admin_calls_count_by_endpoint_answered_or_refused() {
+    const ADMIN_TOKEN: &str = "adm1n";
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &["--admin-token", ADMIN_TOKEN]);
+    let reset = |token: &str| {
+        post(
+            &shim.url("/v1/admin/counters/reset"),
+            &[("x-ratelimit-token", token)],
+            &check_body("k0"),
+        )
+    };
+    assert_eq!(reset(ADMIN_TOKEN).status, 200);
+    assert_eq!(reset("not-the-admin-token").status, 401);
+    let text = metrics(&shim);
+    let value = |labels: &str| sample(&text, &format!("rlshim_requests_total{{{labels}}}"));
+    assert_eq!(value("endpoint=\"counters_reset\",outcome=\"ok\""), 1.0, "{text}");
+    assert_eq!(
+        value("endpoint=\"counters_reset\",outcome=\"unauthorized\""),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        value("endpoint=\"check\",outcome=\"unauthorized\""),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "rlshim_check_duration_seconds_count"),
+        0.0,
+        "{text}"
     );
 }
 
@@ -357,9 +408,18 @@ fn metrics_parse_as_prometheus_text_and_count_what_happened() {
     );
     let samples = parse_prometheus(&reply.body);
     let value = |series: &str| *samples.get(series).unwrap_or_else(|| panic!("no {series}"));
-    assert_eq!(value("rlshim_requests_total{outcome=\"allowed\"}"), 2.0);
-    assert_eq!(value("rlshim_requests_total{outcome=\"denied\"}"), 1.0);
-    assert_eq!(value("rlshim_requests_total{outcome=\"invalid\"}"), 1.0);
+    assert_eq!(
+        value("rlshim_requests_total{endpoint=\"check\",outcome=\"allowed\"}"),
+        2.0
+    );
+    assert_eq!(
+        value("rlshim_requests_total{endpoint=\"check\",outcome=\"denied\"}"),
+        1.0
+    );
+    assert_eq!(
+        value("rlshim_requests_total{endpoint=\"check\",outcome=\"invalid\"}"),
+        1.0
+    );
     assert_eq!(
         value("rlshim_checks_total{algorithm=\"fixed_window\",outcome=\"allowed\"}"),
         2.0

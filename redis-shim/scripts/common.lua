@@ -1,4 +1,4 @@
--- common.lua: the prelude of the shim's function library (redis-shim/src/scripts.rs puts it
+-- common.lua: the prelude of the shim's function library (redis-shim/src/store/scripts.rs puts it
 -- first, then calendar.lua, one file per algorithm and request.lua, then registers each
 -- driver, check.lua, check_batch.lua and refund.lua, as a function reading KEYS and ARGV).
 --
@@ -28,7 +28,7 @@ local algorithms = {}
 local EPSILON = 1e-6
 
 -- Deepest debt of one key, in limits, however many settlements charge it (the wire
--- crate's MAX_DEBT_LIMITS; redis-shim/src/scripts.rs checks that they agree).
+-- crate's MAX_DEBT_LIMITS; redis-shim/src/store/scripts.rs checks that they agree).
 local MAX_DEBT_LIMITS = 100
 
 -- A whole Lua number below 1e17 (every time, count and duration here) goes to Redis as

@@ -1,12 +1,12 @@
 //! The shim's command line: flags and environment variables into a [`ShimConfig`], and
-//! the `counters` command ([`crate::counters`]) that talks to a running shim.
+//! the `counters` command ([`crate::ops::counters`]) that talks to a running shim.
 //!
 //! In the library, not the binary, so tests start the shim in-process with exactly the
 //! flags an operator would pass.
 
-use crate::config::{RlsOptions, ShimConfig};
-use crate::counters::CountersCommand;
-use crate::redis_connection::RedisConfig;
+use crate::ops::counters::CountersCommand;
+use crate::store::redis_connection::RedisConfig;
+use crate::transport::config::{RlsOptions, ShimConfig};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -9,69 +9,46 @@
 //! (always behind a token), which the `redis-shim counters` command calls. The wire types are
 //! in the `ratelimit-wire` crate.
 //!
-//! One concept per module, from the edge inwards:
+//! ## Layers
 //!
-//! - [`cli`]: flags and environment into a [`ShimConfig`] ([`config`], which validates
-//!   it); the binary (`main.rs`) only adds logging and signals.
-//! - `server`: [`run`], which serves a bound listener until a shutdown future completes,
-//!   each connection with the header-read timeout. The root package's tests
-//!   (`tests/support/shim.rs`) call it in-process with flags parsed by [`cli::Args`].
-//! - `connection_cap`: the connection cap, which closes idle connections to make room.
-//! - [`routes`]: the route table, every path and what each endpoint requires.
-//! - [`endpoint`]: the template every endpoint goes through: the token, then for a POST
-//!   an in-flight permit (`admission`) and the body read within its limits (`body`),
-//!   and the counting of what it answered ([`metrics`]).
-//! - The endpoints, each only what it does once admitted: `check` (one request's checks,
-//!   and how a decision is answered, counted and logged), `check_batch` (a worker's
-//!   queue in one call), `operator` (health, readiness, metrics), [`admin`] (counters
-//!   peeked at, reset, or their other variants listed).
-//! - [`counters`]: the `redis-shim counters` command, a client of [`admin`] that keys
-//!   requests with the filter's own code (the `ratelimit-rules` crate, no proxy-wasm).
-//! - What runs on the store, each returning what happened and neither counting nor
-//!   logging: [`decision`] (one request, all or nothing across cluster slots),
-//!   [`refund`] (what a request spanning slots gives back when a later slot refuses),
-//!   [`adjustments`] (the filter's returns and settlements), [`peek`] (counters read
-//!   without charging).
-//! - [`store`]: the `Store` trait those run on; [`redis_store`], the Redis (standalone
-//!   or cluster) store, over [`redis_connection`].
-//! - [`scripts`]: the Lua scripts, their arguments and replies.
-//! - [`rls`]: Envoy's rate-limit service over gRPC (`--grpc-listen`), from an
-//!   envoyproxy/ratelimit configuration, deciding on the same path as `check`;
-//!   [`rlqs`]: its quota service on the same port ([`grpc`]), granting tokens as leases.
+//! The modules stand in layers, from the edge inwards. A module imports only from its own
+//! folder or from a folder listed below its own (`tests/layers.rs` reads this list and
+//! checks every `crate::` path against it):
+//!
+//! 1. the crate root: the process. [`cli`] (flags and environment into a [`ShimConfig`];
+//!    the binary, `main.rs`, only adds logging and signals), `server` ([`run`]: the store
+//!    connected, every listener served until a shutdown future completes; the root
+//!    package's tests call it in-process) and [`routes`] (every HTTP path, what it
+//!    requires, and its handler).
+//! 2. [`ops`]: what operators call: the admin endpoints (counters shown, reset, their
+//!    variants listed), liveness, readiness and metrics, and the `redis-shim counters`
+//!    command that is the admin endpoints' client.
+//! 3. [`transport`]: how requests come and go: the HTTP endpoints' template (token,
+//!    in-flight permit, body read within its limits, counting) and the check endpoints;
+//!    Envoy's rate-limit and quota services over gRPC; the [`transport::Shim`] they are all
+//!    served with, its configuration, and the connection cap.
+//! 4. [`decide`]: a request's checks decided against the store, all or nothing across
+//!    cluster slots, with refunds, returns and settlements, peeks, and the answer every
+//!    service gives; a `ShouldRateLimit` request planned into checks, a quota bucket's
+//!    account. Returns what happened; does no I/O of its own but the store's.
+//! 5. [`store`]: where the counters live: the `Store` trait, Redis standalone or Cluster
+//!    (the cluster's map of masters, concurrent callers' calls merged), the function
+//!    library (the Lua scripts, their arguments and replies), and a store in memory for
+//!    unit tests.
+//! 6. [`metrics`]: the Prometheus metrics every layer counts in.
+//! 7. [`envoy_api`]: the messages of Envoy's rate-limit and quota services.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
-pub mod adjustments;
-pub mod admin;
-mod admission;
-mod body;
-mod check;
-mod check_batch;
 pub mod cli;
-mod cluster_nodes;
-mod coalesce;
-pub mod config;
-mod connection_cap;
-pub mod counters;
-pub mod decision;
-pub mod endpoint;
+pub mod decide;
 pub mod envoy_api;
-#[cfg(test)]
-mod fake_store;
-mod grpc;
-mod log_once;
 pub mod metrics;
-mod operator;
-pub mod peek;
-pub mod redis_connection;
-pub mod redis_store;
-pub mod refund;
-pub mod rlqs;
-pub mod rls;
+pub mod ops;
 pub mod routes;
-pub mod scripts;
 mod server;
 pub mod store;
+pub mod transport;
 
-pub use config::ShimConfig;
 pub use server::run;
+pub use transport::config::ShimConfig;

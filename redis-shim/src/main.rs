@@ -1,6 +1,6 @@
 //! `redis-shim` binary: flags and environment ([`redis_shim::cli`]) into a shim config,
 //! logging set up, then [`run`] until SIGTERM or Ctrl-C; or, with the `counters`
-//! command, an operator's client of a running shim ([`redis_shim::counters`]).
+//! command, an operator's client of a running shim ([`redis_shim::ops::counters`]).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
@@ -17,7 +17,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let args = Args::parse();
     if let Some(Command::Counters(command)) = &args.command {
-        std::process::exit(redis_shim::counters::run(command));
+        std::process::exit(redis_shim::ops::counters::run(command));
     }
     serve(args)
 }

@@ -1,23 +1,25 @@
 //! The shim's route table: every path it serves, what each endpoint requires (its
 //! [`Endpoint`]) and the handler that answers it, all through [`endpoint::serve`]. The
-//! one place a path is defined: the check paths are the wire crate's (the filter posts
-//! to them), the operators' and admin paths are here (`redis-shim counters` calls these).
+//! one place the paths are routed: the check paths are the wire crate's (the filter
+//! posts to them), the admin paths are [`crate::ops::admin`]'s (`redis-shim counters`
+//! calls them), the operators' paths are here.
 
-use crate::endpoint::{self, Access, Admitted, Counting, Endpoint, Method, Reply, Shim};
-use crate::{admin, check, check_batch, operator};
+use crate::metrics::CountedEndpoint;
+use crate::ops::admin::{self, COUNTERS_RESET, COUNTERS_SHOW, COUNTERS_VARIANTS};
+use crate::ops::operator;
+use crate::transport::http::endpoint::{
+    self, Access, Admitted, Counting, Endpoint, Method, Reply, MAX_BATCH_BODY_BYTES, MAX_BODY_BYTES,
+};
+use crate::transport::http::{check, check_batch};
+use crate::transport::Shim;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::Router;
-use ratelimit_wire::{CHECK_BATCH_PATH, CHECK_PATH, MAX_BATCH};
+use ratelimit_wire::{CHECK_BATCH_PATH, CHECK_PATH};
 use std::future::Future;
 use std::sync::Arc;
-
-/// Largest check request body accepted: 16 checks with the longest keys fit in 8 KiB.
-pub const MAX_BODY_BYTES: usize = 16 * 1024;
-/// Largest batch body accepted.
-pub const MAX_BATCH_BODY_BYTES: usize = MAX_BATCH * MAX_BODY_BYTES;
 
 /// `POST /v1/check`: one request's checks decided.
 pub const CHECK: Endpoint = Endpoint {
@@ -26,7 +28,7 @@ pub const CHECK: Endpoint = Endpoint {
         body_limit: MAX_BODY_BYTES,
     },
     access: Access::Callers,
-    counting: Counting::CheckRequests,
+    counting: Counting::Requests(CountedEndpoint::Check),
 };
 
 /// `POST /v1/check-batch`: several requests' checks, each decided on its own.
@@ -36,28 +38,8 @@ pub const CHECK_BATCH: Endpoint = Endpoint {
         body_limit: MAX_BATCH_BODY_BYTES,
     },
     access: Access::Callers,
-    counting: Counting::CheckRequests,
+    counting: Counting::Requests(CountedEndpoint::Check),
 };
-
-/// The admin endpoints take the counters as a check request does.
-const fn admin(path: &'static str) -> Endpoint {
-    Endpoint {
-        path,
-        method: Method::Post {
-            body_limit: MAX_BODY_BYTES,
-        },
-        access: Access::Admin,
-        counting: Counting::Uncounted,
-    }
-}
-
-/// `POST /v1/admin/counters/show`: counters' state, charging nothing.
-pub const COUNTERS_SHOW: Endpoint = admin("/v1/admin/counters/show");
-/// `POST /v1/admin/counters/reset`: counters deleted.
-pub const COUNTERS_RESET: Endpoint = admin("/v1/admin/counters/reset");
-/// `POST /v1/admin/counters/variants`: the client's counters under other variants of
-/// the same rules.
-pub const COUNTERS_VARIANTS: Endpoint = admin("/v1/admin/counters/variants");
 
 /// `GET /healthz`: liveness.
 pub const HEALTHZ: Endpoint = Endpoint {

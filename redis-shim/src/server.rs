@@ -1,20 +1,20 @@
 //! The server: [`run`], which serves the routes ([`crate::routes`]) on a bound listener until a
 //! shutdown future completes, so tests serve the real shim on a port they picked, and
-//! Envoy's gRPC services ([`crate::grpc`]) on theirs, each connection alike.
+//! Envoy's gRPC services ([`crate::transport::grpc::listener`]) on theirs, each connection alike.
 //!
 //! Connections are served here rather than by `axum::serve`, which sets no timer (so no
 //! header-read timeout) and accepts without limit: each accepted connection first passes
-//! the connection cap (`connection_cap.rs`), then is served over HTTP/1.1 or HTTP/2
+//! the connection cap (`transport/connection_cap.rs`), then is served over HTTP/1.1 or HTTP/2
 //! cleartext (detected from its first bytes) with the header-read timeout, and is closed
 //! if its first request does not start within that timeout either (which covers a
 //! client that sends nothing, or stalls in the HTTP/2 preface, where hyper has no timer).
 
-use crate::config::ShimConfig;
-use crate::connection_cap::{ConnectionCap, ConnectionGuard};
-use crate::endpoint::Shim;
 use crate::metrics::{ConnectionClose, Metrics};
-use crate::redis_store::RedisStore;
 use crate::routes;
+use crate::store::redis_store::RedisStore;
+use crate::transport::config::ShimConfig;
+use crate::transport::connection_cap::{ConnectionCap, ConnectionGuard};
+use crate::transport::shim::Shim;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::service::Service as _;
@@ -49,7 +49,8 @@ pub async fn run(
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut listeners = vec![(listener, routes::router(shim.clone()))];
     if let Some(options) = &shim.config.rls {
-        listeners.push(crate::grpc::prepare(options, shim.clone(), stopping.clone()).await?);
+        listeners
+            .push(crate::transport::grpc::listener::prepare(options, shim.clone(), stopping.clone()).await?);
     }
 
     let mut builder = auto::Builder::new(TokioExecutor::new());
