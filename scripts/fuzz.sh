@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs every fuzz target in fuzz/ for SECONDS each (default 60): `make fuzz` for a long
 # run, `make test` for a few seconds; `fuzz.sh build` only builds them (`make test` does
-# it beside its other work, so that the run at its end starts at once). cargo-fuzz needs nightly features; RUSTC_BOOTSTRAP
-# lets the stable toolchain use them. A crash fails the run and leaves its input in
-# fuzz/artifacts/TARGET/ (replay: cargo fuzz run TARGET fuzz/artifacts/TARGET/crash-...);
-# turn it into a regression test before fixing it.
+# it beside its other work, so that the run at its end starts at once). cargo-fuzz needs
+# nightly features; RUSTC_BOOTSTRAP lets the stable toolchain use them. A crash fails the
+# run and leaves its input in fuzz/artifacts/TARGET/ (replay: cargo fuzz run TARGET
+# fuzz/artifacts/TARGET/crash-...); turn it into a regression test before fixing it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}

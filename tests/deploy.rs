@@ -13,7 +13,7 @@ mod support;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 use support::*;
@@ -31,9 +31,15 @@ fn compose() -> Value {
 
 /// All `.yml`/`.yaml` files of the repository, skipping git's, build output and `.venv`.
 fn yaml_files() -> Vec<PathBuf> {
-    // The repository's files, not what a run left beside them (bench/out, test runs).
+    tracked_files(&["*.yml", "*.yaml"])
+}
+
+/// The repository's files matching git's `pathspecs` (a `*` matches across folders),
+/// sorted: not what a run left beside them (bench/out, test runs).
+fn tracked_files(pathspecs: &[&str]) -> Vec<PathBuf> {
     let listed = Command::new("git")
-        .args(["ls-files", "-z", "--", "*.yml", "*.yaml"])
+        .args(["ls-files", "-z", "--"])
+        .args(pathspecs)
         .current_dir(repo_root())
         .output()
         .unwrap();
@@ -969,33 +975,31 @@ fn dockerfile_copies_what_the_shim_is_built_from_and_runs_unprivileged() {
     assert!(dockerfile.contains("RUN mkdir src && touch src/lib.rs"));
     // Files compiled in with include_str!/include_bytes! lie inside what is copied.
     let mut included = 0;
-    for dir in ["rules/src", "wire/src", "redis-shim/src"] {
-        for path in files_below(&repo_root().join(dir)) {
-            let text = fs::read_to_string(&path).unwrap_or_default();
-            for (i, _) in text.match_indices("include_") {
-                let rest = &text[i..];
-                if !(rest.starts_with("include_str!(\"") || rest.starts_with("include_bytes!(\"")) {
-                    continue;
-                }
-                let quoted = rest.split('"').nth(1).unwrap();
-                let target = path.parent().unwrap().join(quoted);
-                let target = fs::canonicalize(&target).unwrap_or(target);
-                let relative = target
-                    .strip_prefix(fs::canonicalize(repo_root()).unwrap())
-                    .unwrap();
-                let first = relative
-                    .components()
-                    .next()
-                    .unwrap()
-                    .as_os_str()
-                    .to_string_lossy();
-                assert!(
-                    copied.iter().any(|c| *c == first),
-                    "{} is not copied",
-                    relative.display()
-                );
-                included += 1;
+    for path in tracked_files(&["rules/src/*.rs", "wire/src/*.rs", "redis-shim/src/*.rs"]) {
+        let text = fs::read_to_string(&path).unwrap_or_default();
+        for (i, _) in text.match_indices("include_") {
+            let rest = &text[i..];
+            if !(rest.starts_with("include_str!(\"") || rest.starts_with("include_bytes!(\"")) {
+                continue;
             }
+            let quoted = rest.split('"').nth(1).unwrap();
+            let target = path.parent().unwrap().join(quoted);
+            let target = fs::canonicalize(&target).unwrap_or(target);
+            let relative = target
+                .strip_prefix(fs::canonicalize(repo_root()).unwrap())
+                .unwrap();
+            let first = relative
+                .components()
+                .next()
+                .unwrap()
+                .as_os_str()
+                .to_string_lossy();
+            assert!(
+                copied.iter().any(|c| *c == first),
+                "{} is not copied",
+                relative.display()
+            );
+            included += 1;
         }
     }
     // The shim's Lua library, at least, is compiled in: a walk that found none is broken.
@@ -1040,18 +1044,4 @@ fn dockerfile_copies_what_the_shim_is_built_from_and_runs_unprivileged() {
         version(pinned) >= version(&minimum),
         "Rust {pinned} < rust-version {minimum}"
     );
-}
-
-/// Every file below `dir`, its subfolders' included.
-fn files_below(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for entry in fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            files.extend(files_below(&path));
-        } else {
-            files.push(path);
-        }
-    }
-    files
 }
