@@ -9,8 +9,9 @@
 //!   the checks it needs: the `ratelimit-rules` crate, shared with `redis-shim counters`;
 //! - [`request`]: one request's decision as a state machine, from the plan through the
 //!   [`local`] layer (buckets, deny cache, leases in shared data) and the shim's answer
-//!   ([`shim_call`], batched per worker by [`batch`], each worker's queue, lease waiters,
-//!   returns and settlements decided by [`dispatch`]) to the [`response`] the client
+//!   ([`shim_call`], batched per worker by [`batch`]; each worker's calls, queue, lease
+//!   waiters, returns and settlements run by [`dispatch`] over any host, through its
+//!   `Host` trait) to the [`response`] the client
 //!   gets, with the [`stats`] to count on the way, and what it gives back when its
 //!   stream ends ([`stream_end`]: the concurrency slots it holds); [`settlement`] charges
 //!   an admitted request's real cost once its response reports it, read from a body by

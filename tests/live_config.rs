@@ -170,3 +170,71 @@ fn rules_change_live_under_load_and_a_broken_change_is_refused() {
     assert!(answers.iter().any(|(status, _, _)| *status == 429));
     assert!(answers.iter().any(|(status, _, _)| *status == 200));
 }
+
+/// A lease rule that fails closed, over a shim that never answers: the first request of
+/// a key acquires its lease, and the others wait for that acquisition.
+fn lease_policy(limit: u64) -> Value {
+    json!({
+        "shim_cluster": "ratelimit_shim",
+        "timeout": "3s",
+        "rules": [{ "name": "leased", "key": [{ "header": "x-api-key" }], "limit": limit,
+                    "period": "1m", "lease": { "size": 4, "ttl": "5s" }, "failure_mode": "closed" }]
+    })
+}
+
+// Teardown: the plugin configuration is replaced while requests wait on a lease whose
+// acquisition is still in flight (the worker's dispatcher, src/dispatch/rounds.rs, must
+// leave none of them paused). Each gets its answer, the rule's failure mode, within its
+// timeout, and the new configuration serves.
+#[test]
+fn a_reload_while_requests_wait_on_a_lease_leaves_none_paused() {
+    const WAITING: usize = 6;
+    // A shim that accepts connections (the kernel's backlog) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    // One worker, so that every request after the first waits for its acquisition; old
+    // connections drain for longer than the timeout, so that none is cut before it.
+    let mut lds = LdsEnvoy::start_with(silent_port, &lease_policy(10), 1, 10);
+    let url = lds.envoy.url("/");
+    let started = Instant::now();
+    let waiting: Vec<JoinHandle<(u16, Duration)>> = (0..WAITING)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let sent = Instant::now();
+                let reply = get(&url, &[("x-api-key", "waits")]);
+                (reply.status, sent.elapsed())
+            })
+        })
+        .collect();
+    wait_until(
+        "every request paused in the filter",
+        Duration::from_secs(10),
+        || lds.envoy.stat("http.test.downstream_rq_active") == WAITING as u64,
+    );
+    assert_eq!(
+        lds.envoy.stat("wasmcustom.ratelimit.leased.shim_checks"),
+        1,
+        "one acquisition in flight, the others wait for it"
+    );
+    assert_eq!(lds.push(&lease_policy(20)), Push::Accepted);
+    let pushed = started.elapsed();
+
+    let answers: Vec<(u16, Duration)> = waiting.into_iter().map(|h| h.join().unwrap()).collect();
+    let earliest = answers.iter().map(|(_, took)| *took).min().unwrap();
+    assert!(
+        pushed < earliest,
+        "the push landed at {pushed:?}, before any answer: {answers:?}"
+    );
+    // The timeout (3 s) and a margin for this noisy machine; a request left paused would
+    // hang until the drain (10 s) cut it.
+    for (status, took) in &answers {
+        assert_eq!(*status, 503, "failed closed: {answers:?}");
+        assert!(*took < Duration::from_secs(5), "{answers:?}");
+    }
+    assert_eq!(
+        lds.envoy.stat("wasmcustom.ratelimit.leased.failed_closed"),
+        WAITING as u64
+    );
+    drop(silent);
+}

@@ -1,14 +1,15 @@
-//! Every call into the proxy-wasm host, each returning a typed [`HostError`] instead of
-//! the SDK trait defaults that `unwrap()` (a panic would kill the VM for every request
-//! on this worker). Nothing else in the crate imports `proxy_wasm::hostcalls`.
+//! The calls into the proxy-wasm host that a request's and the root's callbacks make
+//! (the worker's are [`super::wasm_host`]'s), each returning a typed [`HostError`] or a
+//! default instead of the SDK trait defaults that `unwrap()` (a panic would kill the VM
+//! for every request on this worker). Nothing but these two files imports
+//! `proxy_wasm::hostcalls`.
 
 use crate::attributes::header_text;
 use crate::local::{SlotError, SlotStore};
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType, Status};
-use std::cell::Cell;
+use proxy_wasm::types::{BufferType, LogLevel, MapType, Status};
 use std::fmt;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 /// A host call that failed, with the status the host returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,22 +24,6 @@ impl fmt::Display for HostError {
 pub fn log(level: LogLevel, message: &str) {
     // Logging is best effort; there is nowhere to report its own failure.
     let _ = hostcalls::log(level, &format!("ratelimit-wasm: {message}"));
-}
-
-/// The host's wall clock in Unix milliseconds (0 if it cannot be read).
-/// Wall-clock time in µs, for the latency histograms.
-pub fn now_us() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|now| now.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX))
-}
-
-pub fn now_ms() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|now| now.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The whole plugin configuration (empty when there is none).
@@ -101,62 +86,8 @@ pub fn response_body_part(start: usize, size: usize) -> Vec<u8> {
         .unwrap_or_default()
 }
 
-/// Starts an HTTP call to `cluster`; the answer arrives under the returned token.
-pub fn dispatch_http_call(
-    cluster: &str,
-    headers: Vec<(&str, &str)>,
-    body: &[u8],
-    timeout: Duration,
-) -> Result<u32, HostError> {
-    hostcalls::dispatch_http_call(cluster, headers, Some(body), Vec::new(), timeout).map_err(HostError)
-}
-
-pub fn resume_http_request() -> Result<(), HostError> {
-    hostcalls::resume_http_request().map_err(HostError)
-}
-
-pub fn send_http_response(status: u32, headers: Vec<(&str, &str)>, body: &[u8]) -> Result<(), HostError> {
-    hostcalls::send_http_response(status, headers, Some(body)).map_err(HostError)
-}
-
-/// Switches the effective context to requests' contexts, one after the other, and back
-/// to the root when dropped: a root callback applies each answer in its request's
-/// context, and whatever it does next (a new call) must belong to the root. One switch
-/// back for a whole batch: each is a host call.
-pub struct RequestContexts {
-    root_id: u32,
-    switched: Cell<bool>,
-}
-
-impl RequestContexts {
-    pub fn new(root_id: u32) -> RequestContexts {
-        RequestContexts {
-            root_id,
-            switched: Cell::new(false),
-        }
-    }
-
-    pub fn enter(&self, context_id: u32) -> Result<(), HostError> {
-        hostcalls::set_effective_context(context_id).map_err(HostError)?;
-        self.switched.set(true);
-        Ok(())
-    }
-}
-
-impl Drop for RequestContexts {
-    fn drop(&mut self) {
-        if self.switched.get() {
-            let _ = hostcalls::set_effective_context(self.root_id);
-        }
-    }
-}
-
 pub fn register_shared_queue(name: &str) -> Result<u32, HostError> {
     hostcalls::register_shared_queue(name).map_err(HostError)
-}
-
-pub fn enqueue_shared_queue(queue_id: u32, value: &[u8]) -> Result<(), HostError> {
-    hostcalls::enqueue_shared_queue(queue_id, Some(value)).map_err(HostError)
 }
 
 /// Empties the queue: a wake-up says "look", not what to look at.
@@ -166,23 +97,6 @@ pub fn drain_shared_queue(queue_id: u32) {
 
 pub fn set_tick_period(period: Duration) -> Result<(), HostError> {
     hostcalls::set_tick_period(period).map_err(HostError)
-}
-
-pub fn define_metric(kind: MetricType, name: &str) -> Result<u32, HostError> {
-    hostcalls::define_metric(kind, name).map_err(HostError)
-}
-
-pub fn increment_metric(id: u32) {
-    increment_metric_by(id, 1);
-}
-
-pub fn increment_metric_by(id: u32, amount: u64) {
-    // Stats are best effort: a failed increment must not fail the request.
-    let _ = hostcalls::increment_metric(id, i64::try_from(amount).unwrap_or(i64::MAX));
-}
-
-pub fn record_metric(id: u32, value: u64) {
-    let _ = hostcalls::record_metric(id, value);
 }
 
 /// The slot table in Envoy shared data, shared by every worker of this VM.

@@ -3,12 +3,13 @@
 //! to the response.
 
 use super::hostcalls::{
-    add_response_header, header_map, log, now_ms, property_bytes, property_text, request_headers,
-    response_body_part, set_request_header,
+    add_response_header, header_map, log, property_bytes, property_text, request_headers, response_body_part,
+    set_request_header,
 };
-use super::request_state::PendingRequest;
-use super::Worker;
+use super::wasm_host::Worker;
 use crate::attributes::{claim_text, combined_header, header_text, RequestAttributes};
+use crate::dispatch::host::{Flow, Host};
+use crate::dispatch::paused::PendingRequest;
 use crate::plan::plan;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel, MapType};
@@ -19,7 +20,7 @@ use std::rc::Rc;
 /// [`PendingRequest`]) and applies the outcome to its headers and response.
 pub struct HttpFilter {
     pub worker: Rc<Worker>,
-    pub request: PendingRequest,
+    pub request: PendingRequest<u32>,
 }
 
 /// The current request as seen through Envoy's header map and properties.
@@ -84,8 +85,11 @@ impl HttpContext for HttpFilter {
         if reads_body {
             ask_for_a_readable_body();
         }
-        let transition = self.request.start(&worker, planned, now_ms());
-        worker.dispatcher.proceed(&worker, &self.request, transition)
+        let transition = self.request.start(&worker, planned, worker.host.now_ms());
+        match worker.proceed(&self.request, transition) {
+            Flow::Continue => Action::Continue,
+            Flow::Pause => Action::Pause,
+        }
     }
 
     /// The stream is over (see `on_done`).

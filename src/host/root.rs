@@ -1,21 +1,21 @@
 //! The root context, one per plugin instance and worker: compiles the configuration in
 //! `on_configure` (refusing a bad one, so Envoy refuses to load it), creates the slot
 //! table and the worker's wake-up queue, and hands the calls' callbacks to the
-//! [`Dispatcher`].
+//! [`Worker`].
 
-use super::dispatcher::Dispatcher;
-use super::hostcalls::{log, plugin_configuration, register_shared_queue, set_tick_period, SharedData};
+use super::hostcalls::{
+    drain_shared_queue, header, http_call_response_body, log, plugin_configuration, register_shared_queue,
+    set_tick_period, SharedData,
+};
 use super::http::HttpFilter;
-use super::request_state::PendingRequest;
-use super::stats::Stats;
-use super::Worker;
+use super::wasm_host::{WasmHost, Worker};
 use crate::config::FilterConfig;
+use crate::dispatch::paused::PendingRequest;
+use crate::dispatch::rounds::CallAnswer;
 use crate::local::create_slots;
-use crate::settlement::BodyBudget;
-use crate::skew_log::SkewLog;
+use crate::wire::VERSION_HEADER;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{ContextType, LogLevel};
-use std::cell::RefCell;
+use proxy_wasm::types::{ContextType, LogLevel, MapType};
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::rc::Rc;
@@ -39,26 +39,16 @@ impl RateLimitRoot {
         let queue_name = format!("ratelimit-wasm.wake.{worker_id:016x}");
         let wake_queue = register_shared_queue(&queue_name)
             .map_err(|error| format!("cannot register the worker's shared queue: {error}"))?;
-        // A safety net only (see `Dispatcher::on_tick`).
+        // A safety net only (see `Worker::on_tick`).
         let tick = (config.shim.timeout / 2).max(Duration::from_millis(10));
         if let Err(error) = set_tick_period(tick) {
             log(LogLevel::Warn, &format!("cannot set the tick period: {error}"));
         }
-        let timeout_ms = config.shim.timeout_ms();
-        let dispatcher = Dispatcher::new(
-            self.context_id,
+        let host = WasmHost {
+            root_id: self.context_id,
             wake_queue,
-            config.shim.calls_in_flight as usize,
-            timeout_ms,
-        );
-        Ok(Worker {
-            id: worker_id,
-            stats: Stats::define(&config),
-            body_budget: BodyBudget::new(config.cost_body_budget_bytes),
-            config,
-            dispatcher,
-            skew_log: RefCell::new(SkewLog::default()),
-        })
+        };
+        Ok(Worker::new(host, worker_id, config))
     }
 }
 
@@ -71,13 +61,22 @@ impl Context for RateLimitRoot {
         _num_trailers: usize,
     ) {
         if let Some(worker) = &self.worker {
-            worker.dispatcher.on_call_response(worker, token_id, body_size);
+            // Read before switching to the requests' contexts: the answer is the root's.
+            let status = header(MapType::HttpCallResponseHeaders, ":status");
+            let shim_version = header(MapType::HttpCallResponseHeaders, VERSION_HEADER);
+            let body = http_call_response_body(body_size);
+            let answer = CallAnswer {
+                status: status.as_deref(),
+                shim_version: shim_version.as_deref(),
+                body: &body,
+            };
+            worker.on_call_response(token_id, answer);
         }
     }
 
     fn on_done(&mut self) -> bool {
         if let Some(worker) = &self.worker {
-            worker.dispatcher.fail_all(worker);
+            worker.fail_all();
         }
         true
     }
@@ -108,25 +107,24 @@ impl RootContext for RateLimitRoot {
         }
     }
 
-    fn on_queue_ready(&mut self, _queue_id: u32) {
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        // A wake-up says "look", not what to look at.
+        drain_shared_queue(queue_id);
         if let Some(worker) = &self.worker {
-            worker.dispatcher.on_wake(worker);
+            worker.on_wake();
         }
     }
 
     fn on_tick(&mut self) {
         if let Some(worker) = &self.worker {
-            worker.dispatcher.on_tick(worker);
+            worker.on_tick();
         }
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(HttpFilter {
             worker: Rc::clone(self.worker.as_ref()?),
-            request: PendingRequest {
-                context_id,
-                state: Rc::default(),
-            },
+            request: PendingRequest::new(context_id),
         }))
     }
 

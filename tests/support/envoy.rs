@@ -319,6 +319,12 @@ impl LdsEnvoy {
     /// (`--drain-strategy immediate`: each of their next responses closes them) and for
     /// at most a second, so a swap's old filter chain is gone within the test.
     pub fn start(shim_port: u16, plugin_config: &Value) -> LdsEnvoy {
+        LdsEnvoy::start_with(shim_port, plugin_config, 2, 1)
+    }
+
+    /// As [`LdsEnvoy::start`], with `workers` worker threads and old connections drained
+    /// for at most `drain_seconds`.
+    pub fn start_with(shim_port: u16, plugin_config: &Value, workers: u32, drain_seconds: u32) -> LdsEnvoy {
         let dir = scratch("lds");
         let watched = dir.join("watched");
         fs::create_dir_all(&watched).unwrap();
@@ -334,10 +340,11 @@ impl LdsEnvoy {
                 "watched_directory": { "path": watched }
             }
         }});
+        let drain_time = drain_seconds.to_string();
         let envoy = Envoy::start_bootstrap_with_args(
             &bootstrap,
-            2,
-            &["--drain-strategy", "immediate", "--drain-time-s", "1"],
+            workers,
+            &["--drain-strategy", "immediate", "--drain-time-s", &drain_time],
         );
         LdsEnvoy {
             envoy,

@@ -2,9 +2,10 @@
 //! sent round by round, calls answered, lease waiters run again, returns and
 //! settlements carried or sent alone, and everything failed when the plugin goes away.
 
-use super::queued::ended_acquisitions;
 use super::*;
 use crate::batch::Call;
+use crate::dispatch::leases::Waking;
+use crate::dispatch::queued::{ended_acquisitions, QueuedRequest};
 use crate::local::Claim;
 use crate::wire::{Algorithm, BatchCheckRequest, Check};
 // On wasm32 the same tests run under wasm-bindgen-test (Node).
