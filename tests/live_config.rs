@@ -1,6 +1,7 @@
 //! Rule changes without a restart: Envoy takes a new listener, the plugin configuration
 //! with it, from a file-based LDS in a watched directory (as a control plane, or Istio
-//! for a WasmPlugin, pushes one) while traffic flows. A raised limit applies from the
+//! for a WasmPlugin, pushes one) while traffic flows. Requests waiting on a lease when a
+//! swap lands each get their answer within their timeout. A raised limit applies from the
 //! first request after the swap and a counter exhausted before it refills at the new
 //! rate; a changed period starts fresh counters; a broken configuration is refused with
 //! the field named while the previous one keeps serving; and across every swap no
