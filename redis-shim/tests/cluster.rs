@@ -1,7 +1,8 @@
-//! The shim against a real three-master Redis Cluster on loopback: keys of one client
-//! share a slot through their hash tag and are decided in one script; a batch's requests
-//! bound for one master are decided in one script, whatever their slots; a request whose
-//! keys span masters is all or nothing, refunding the slots it charged first.
+//! What only a Redis Cluster shows, each test on a three-master cluster of its own (they
+//! count the function calls, move a slot or stop the nodes): a batch's requests bound for
+//! one master are decided in one script, whatever their slots; a request whose slot moved
+//! is decided slot by slot; checks fail fast once the cluster is gone. Requests spanning
+//! masters, all or nothing, are in the suite (`suite/slots.rs`), on every backend.
 
 mod support;
 

@@ -1,7 +1,8 @@
-//! The shim against real Redis: each algorithm's contract, the wire semantics shared by
-//! all of them (all or nothing, shadow checks, leases), concurrency, the function library
-//! loaded again when Redis forgets it, bad requests, the shared token, Redis AUTH, HTTP/2
-//! cleartext and batches.
+//! What only a standalone Redis shows, each test on a Redis of its own: the function
+//! library loaded again when Redis forgets it, every key's expiry, the keys bad requests
+//! leave untouched, the key prefix, the shared token, Redis ACLs and AUTH, HTTP/2
+//! cleartext, and the function calls a batch costs. The behaviour every backend shares is
+//! in the suite (`suite/`).
 
 mod support;
 
