@@ -17,8 +17,8 @@
 //!
 //! 1. the crate root: the process. [`cli`] (flags and environment into a [`ShimConfig`];
 //!    the binary, `main.rs`, only adds logging and signals), `server` ([`run`]: the store
-//!    connected, every listener served until a shutdown future completes; the root
-//!    package's tests call it in-process) and [`routes`] (every HTTP path, what it
+//!    connected, every listener served until a shutdown future completes; the tests call
+//!    it in-process, and [`run_in_memory`] on the store in memory) and [`routes`] (every HTTP path, what it
 //!    requires, and its handler).
 //! 2. [`ops`]: what operators call: the admin endpoints (counters shown, reset, their
 //!    variants listed), liveness, readiness and metrics, and the `redis-shim counters`
@@ -31,9 +31,11 @@
 //!    cluster slots, with refunds, returns and settlements, peeks, and the answer every
 //!    service gives; a `ShouldRateLimit` request planned into checks, a quota bucket's
 //!    account. Returns what happened; does no I/O of its own but the store's.
-//! 5. [`store`]: where the counters live: the `Store` trait, Redis standalone or Cluster
-//!    (the cluster's map of masters, concurrent callers' calls merged), the function
-//!    library (the Lua scripts, their arguments and replies), and a store in memory for
+//! 5. [`store`]: where the counters live: the `Store` trait (every call the checks make,
+//!    one request's, a batch's, refunds and settlements) and what the admin endpoints
+//!    need, Redis standalone or Cluster (the cluster's map of masters, concurrent
+//!    callers' calls merged), the function library (the Lua scripts, their arguments and
+//!    replies), the same algorithms in memory (tests and development), and a fake for
 //!    unit tests.
 //! 6. [`metrics`]: the Prometheus metrics every layer counts in.
 //! 7. [`envoy_api`]: the messages of Envoy's rate-limit and quota services.
@@ -50,5 +52,5 @@ mod server;
 pub mod store;
 pub mod transport;
 
-pub use server::run;
+pub use server::{run, run_in_memory};
 pub use transport::config::ShimConfig;

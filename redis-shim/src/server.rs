@@ -11,6 +11,8 @@
 
 use crate::metrics::{ConnectionClose, Metrics};
 use crate::routes;
+use crate::store::any_store::AnyStore;
+use crate::store::memory::MemoryStore;
 use crate::store::redis_store::RedisStore;
 use crate::transport::config::ShimConfig;
 use crate::transport::connection_cap::{ConnectionCap, ConnectionGuard};
@@ -45,7 +47,35 @@ pub async fn run(
     config.validate()?;
     let metrics = Arc::new(Metrics::default());
     let store = RedisStore::connect(&config.redis, metrics.clone())?;
-    let shim = Arc::new(Shim::new(store, config, metrics));
+    serve(
+        listener,
+        Shim::new(AnyStore::Redis(store), config, metrics),
+        shutdown,
+    )
+    .await
+}
+
+/// [`run`] with the counters in this process's memory ([`MemoryStore`]) instead of Redis
+/// (`config.redis` unused): for tests and development only, which is why the binary
+/// offers no flag for it. Every count is this process's and is lost with it.
+pub async fn run_in_memory(
+    listener: TcpListener,
+    config: ShimConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    config.validate()?;
+    let metrics = Arc::new(Metrics::default());
+    let store = AnyStore::Memory(MemoryStore::new());
+    serve(listener, Shim::new(store, config, metrics), shutdown).await
+}
+
+/// Serves `shim` as [`run`] describes.
+async fn serve(
+    listener: TcpListener,
+    shim: Shim,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let shim = Arc::new(shim);
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let mut listeners = vec![(listener, routes::router(shim.clone()))];
     if let Some(options) = &shim.config.rls {

@@ -44,14 +44,6 @@ impl Stack {
     }
 }
 
-/// The algorithms' wire names.
-pub const ALGORITHMS: [&str; 4] = [
-    "token_bucket",
-    "fixed_window",
-    "sliding_window_log",
-    "sliding_window_counter",
-];
-
 /// One check of a `/v1/check` body; add fields (`cost`, `lease`, `shadow`) with
 /// [`with`].
 pub fn check_of(key: &str, algorithm: &str, limit: u64, period_ms: u64) -> Value {
@@ -75,14 +67,6 @@ pub fn decide_at(url: &str, checks: &[Value]) -> Value {
     let reply = post(url, &[], &checks_body(checks));
     assert_eq!(reply.status, 200, "{reply:?}");
     serde_json::from_str(&reply.body).unwrap()
-}
-
-/// Replies that are 200s with `"allowed":true`.
-pub fn count_allowed(replies: &[Reply]) -> usize {
-    replies
-        .iter()
-        .filter(|r| r.status == 200 && r.body.starts_with(r#"{"allowed":true"#))
-        .count()
 }
 
 /// Every document of a YAML file, as JSON values; panics naming the file on a parse error.

@@ -21,26 +21,6 @@ pub fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
 }
 
-/// The function and script calls (FCALL, EVALSHA, EVAL) counted in the text of `INFO
-/// commandstats`.
-fn scripts_in_commandstats(info: &str) -> u64 {
-    info.lines()
-        .filter(|line| {
-            ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
-                .iter()
-                .any(|name| line.starts_with(name))
-        })
-        .filter_map(|line| {
-            line.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 /// Starts `redis-server` with `args` on `port` and waits until `ping` answers PONG.
 /// `None` when the port was taken (by a process outside the tests): the caller retries.
 fn spawn_redis(port: u16, args: &[String], ping: &[&str]) -> Option<Process> {
@@ -134,11 +114,6 @@ impl Redis {
 
     fn try_cli(&self, args: &[&str]) -> Option<String> {
         redis_cli(self.port, args)
-    }
-
-    /// Functions and scripts this Redis has run (FCALL, EVALSHA and EVAL calls).
-    pub fn scripts_run(&self) -> u64 {
-        scripts_in_commandstats(&self.cli(&["INFO", "commandstats"]))
     }
 
     /// Runs one redis-cli command and returns its output.
@@ -235,63 +210,6 @@ impl RedisCluster {
         cluster
     }
 
-    /// Runs one command on the node that owns `key` (redis-cli follows redirections).
-    pub fn cli(&self, key_hint: &[&str]) -> String {
-        let output = Command::new("redis-cli")
-            .args(["-c", "-p", &self.ports[0].to_string()])
-            .args(key_hint)
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "redis-cli -c {key_hint:?} failed");
-        String::from_utf8_lossy(&output.stdout).trim().to_string()
-    }
-
-    /// The cluster's slot of a key, as Redis computes it.
-    pub fn slot(&self, key: &str) -> u16 {
-        self.cli(&["CLUSTER", "KEYSLOT", key]).parse().unwrap()
-    }
-
-    /// Moves `slot`, which must hold no key, from the master at `ports[from]` to the one
-    /// at `ports[to]`, as a resharding would.
-    pub fn move_empty_slot(&self, slot: u16, from: usize, to: usize) {
-        let id = |i: usize| redis_cli(self.ports[i], &["CLUSTER", "MYID"]).unwrap();
-        let (from_id, to_id, slot) = (id(from), id(to), slot.to_string());
-        let set = |i: usize, args: &[&str]| {
-            let mut command = vec!["CLUSTER", "SETSLOT", &slot];
-            command.extend(args);
-            assert_eq!(
-                redis_cli(self.ports[i], &command).as_deref(),
-                Some("OK"),
-                "{command:?}"
-            );
-        };
-        set(to, &["IMPORTING", &from_id]);
-        set(from, &["MIGRATING", &to_id]);
-        set(to, &["NODE", &to_id]);
-        set(from, &["NODE", &to_id]);
-        for other in (0..self.ports.len()).filter(|&i| i != from && i != to) {
-            set(other, &["NODE", &to_id]);
-        }
-    }
-
-    /// Functions and scripts run (FCALL, EVALSHA and EVAL calls) over every master.
-    pub fn scripts_run(&self) -> u64 {
-        self.ports
-            .iter()
-            .map(|&port| {
-                scripts_in_commandstats(&redis_cli(port, &["INFO", "commandstats"]).unwrap_or_default())
-            })
-            .sum()
-    }
-
-    /// Number of keys over every master.
-    pub fn key_count(&self) -> u64 {
-        self.ports
-            .iter()
-            .map(|&port| redis_cli(port, &["DBSIZE"]).unwrap().parse::<u64>().unwrap())
-            .sum()
-    }
-
     /// The seed URLs, comma-separated, as `--redis-url` takes them.
     pub fn urls(&self) -> String {
         self.ports
@@ -299,16 +217,5 @@ impl RedisCluster {
             .map(|p| format!("redis://127.0.0.1:{p}"))
             .collect::<Vec<_>>()
             .join(",")
-    }
-
-    pub fn nodes(&self) -> &[Process] {
-        &self.nodes
-    }
-
-    /// Stops every node.
-    pub fn stop(&mut self) {
-        for node in &mut self.nodes {
-            node.kill();
-        }
     }
 }

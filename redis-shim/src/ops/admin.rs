@@ -13,6 +13,7 @@
 
 use crate::decide::peek::peek;
 use crate::metrics::{CountedEndpoint, RequestOutcome};
+use crate::store::StoreAdmin;
 use crate::transport::http::endpoint::{
     Access, Admitted, Counting, Endpoint, Method, Refusal, Reply, MAX_BODY_BYTES,
 };

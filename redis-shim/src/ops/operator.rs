@@ -1,6 +1,7 @@
 //! The operators' endpoints: liveness (`GET /healthz`), readiness (`GET /readyz`) and
 //! the Prometheus metrics (`GET /metrics`).
 
+use crate::store::StoreAdmin;
 use crate::transport::http::endpoint::{error, Admitted};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};

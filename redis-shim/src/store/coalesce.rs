@@ -21,7 +21,7 @@
 //! lead on; the callers it was carrying get an error, never a hang.
 
 use crate::store::scripts::{RequestChecks, RequestRows};
-use crate::store::StoreError;
+use crate::store::{Answer, StoreError};
 use ratelimit_wire::Check;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,9 +44,6 @@ pub fn in_flight_bound(call_us: u64) -> usize {
 }
 /// Requests in one merged call, bounding Redis's time in it (about 10 µs each).
 pub const MAX_MERGED_REQUESTS: usize = 64;
-
-/// What a call answers: per request, its rows or its error; or the failure of the call.
-pub type Answer = Result<Vec<RequestRows>, StoreError>;
 
 /// What runs a merged call: check_batch.lua over a list of requests, on a target.
 pub trait BatchRunner<K> {

@@ -1,8 +1,8 @@
 //! A store in memory for the unit tests of what runs on a [`Store`] (deciding across
 //! slots, refunds, peeks): no Redis, and every call it was asked recorded.
 
-use crate::store::scripts::{Charge, Mode, Row};
-use crate::store::{Store, StoreError};
+use crate::store::scripts::{Charge, Mode, RequestChecks, Row};
+use crate::store::{Answer, SharedScript, Store, StoreError};
 use ratelimit_wire::{Algorithm, Check};
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -142,6 +142,23 @@ impl Store for FakeStore {
             });
         }
         Ok(rows)
+    }
+
+    /// No call reaches two slots' keys: every request is decided slot by slot.
+    fn shared_script(&self, _keys: &[String]) -> Option<SharedScript> {
+        None
+    }
+
+    /// Each request as one check call.
+    async fn check_requests(&self, _script: SharedScript, requests: &[RequestChecks<'_>]) -> Answer {
+        let mut answers = Vec::with_capacity(requests.len());
+        for request in requests {
+            let keys: Vec<&str> = request.keys.iter().map(String::as_str).collect();
+            let checks: Vec<&Check> = request.checks.iter().collect();
+            let rows = self.check(Mode::Charge, &keys, &checks).await;
+            answers.push(rows.map_err(|error| error.to_string()));
+        }
+        Ok(answers)
     }
 }
 

@@ -1,14 +1,20 @@
-//! Where the counters live: the [`Store`] trait, what deciding, refunding, adjusting and
-//! peeking need from it (the functions of [`scripts`] run on one cluster slot's keys at a
-//! time), and why an operation on it failed. [`redis_store`] is the store the shim runs on,
-//! a standalone Redis or a Redis Cluster reached over [`redis_connection`], with the
-//! cluster's map of masters (`cluster_nodes`) and concurrent callers' requests merged into
-//! one call per target (`coalesce`); the unit tests run on one in memory (`fake`).
+//! Where the counters live: the [`Store`] trait, everything deciding, refunding, adjusting,
+//! peeking and a batch need from it (the functions of [`scripts`], each on the keys one
+//! call reaches), [`StoreAdmin`], what readiness and the admin endpoints need, and why an
+//! operation failed. [`redis_store`] is the store the shim runs on, a standalone Redis or
+//! a Redis Cluster reached over [`redis_connection`], with the cluster's map of masters
+//! (`cluster_nodes`) and concurrent callers' requests merged into one call per target
+//! (`coalesce`). [`memory`] runs the same algorithms in Rust in one process, for tests
+//! and development (`redis-shim/tests/` holds it to Redis's answers); [`any_store`] is
+//! either, what the shim is served with. The unit tests of the decision layer run on a
+//! fake that records its calls and fails on demand (`fake`).
 
+pub mod any_store;
 pub(crate) mod cluster_nodes;
 mod coalesce;
 #[cfg(test)]
 pub(crate) mod fake;
+pub mod memory;
 pub mod redis_connection;
 pub mod redis_store;
 pub mod scripts;
@@ -16,13 +22,30 @@ pub mod scripts;
 use ratelimit_wire::Check;
 use redis::cluster_routing::Slot;
 use redis::RedisError;
-use scripts::{Charge, Mode, Row};
+use scripts::{Charge, Mode, RequestChecks, RequestRows, Row};
 use std::fmt;
 use std::future::Future;
 
-/// The operations a decision needs from the counters' store: the functions of
-/// [`crate::store::scripts`] run on one cluster slot's keys at a time. Behind a trait so the
-/// decision across slots is tested against a store in memory.
+/// Requests sharing one of these can be decided in one call (see
+/// [`Store::shared_script`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SharedScript {
+    /// A standalone Redis (or a store in memory): every key in reach.
+    Standalone,
+    /// The keys of one cluster slot.
+    Slot(u16),
+    /// The keys of one cluster master, named by its lowest slot.
+    Node(u16),
+}
+
+/// What a batch call answers: per request, its rows or its error; or the failure of the
+/// call.
+pub type Answer = Result<Vec<RequestRows>, StoreError>;
+
+/// The operations the checks need from the counters' store: the functions of
+/// [`crate::store::scripts`], run on the keys one call reaches. Behind a trait so the
+/// shim runs on Redis or in memory, and the decision across slots is tested against a
+/// fake.
 pub trait Store {
     /// Groups check indices by the cluster slot of their keys, in order of first
     /// appearance; every index in exactly one group.
@@ -40,6 +63,40 @@ pub trait Store {
     /// Runs refund.lua over `charges` (all in one slot): one row per charge, its key's
     /// state after the refund.
     fn refund(&self, charges: &[Charge<'_>]) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send;
+
+    /// The call that can decide a request whose keys are `keys` along with other
+    /// requests' (those answering the same), or `None` when no call reaches all of its
+    /// keys: it is then decided slot by slot ([`crate::decide::decision::decide`]).
+    fn shared_script(&self, keys: &[String]) -> Option<SharedScript>;
+
+    /// Runs check_batch.lua over `requests`, whose keys all share `script`: each request
+    /// charged on its own, as check.lua would charge it alone, possibly in one call with
+    /// concurrent callers' requests. A request whose part failed has its error in its
+    /// place ([`crate::store::cluster_nodes::moved_away`] when its keys left the call's
+    /// reach, nothing written: decide it again slot by slot).
+    fn check_requests(
+        &self,
+        script: SharedScript,
+        requests: &[RequestChecks<'_>],
+    ) -> impl Future<Output = Answer> + Send;
+}
+
+/// What readiness and the admin endpoints need from the store, besides the checks.
+pub trait StoreAdmin {
+    /// Whether the store answers (every master of a cluster).
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Deletes `key`; whether it was there.
+    fn delete(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Keys matching the glob `pattern` (Redis's MATCH) where `near`'s slot lies (every
+    /// key sharing its hash tag lives there), at most `limit`.
+    fn scan_near(
+        &self,
+        near: &str,
+        pattern: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
 }
 
 /// Runs check.lua in `mode` over the checks at `group`'s indices of `keys` and `checks`

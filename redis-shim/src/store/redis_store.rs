@@ -10,13 +10,13 @@
 
 use crate::metrics::Metrics;
 use crate::store::cluster_nodes::{moved_away, slot_of, NodeMap};
-use crate::store::coalesce::{Answer, BatchRunner, Coalescer};
+use crate::store::coalesce::{BatchRunner, Coalescer};
 use crate::store::redis_connection::{open, Connection, RedisConfig};
 use crate::store::scripts::{
     check_batch_call, check_call, check_node_call, parse_batch_reply, parse_rows, refund_call, Charge,
     FunctionCall, Library, Mode, RequestChecks, RequestRows, Row,
 };
-use crate::store::{group_by_slot, Store, StoreError};
+use crate::store::{group_by_slot, Answer, SharedScript, Store, StoreError};
 use ratelimit_wire::Check;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, FromRedisValue, RedisError, Value};
@@ -25,18 +25,6 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 mod admin_ops;
-
-/// Requests sharing one of these can be decided in one script (see
-/// [`RedisStore::shared_script`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SharedScript {
-    /// A standalone Redis: every key in reach.
-    Standalone,
-    /// The keys of one cluster slot.
-    Slot(u16),
-    /// The keys of one cluster master, named by its lowest slot ([`NodeMap`]).
-    Node(u16),
-}
 
 /// The connection in use and when it was opened.
 struct Current {
@@ -126,27 +114,6 @@ impl RedisStore {
         self.config.cluster
     }
 
-    /// The script that can decide a request whose keys are `keys` along with other
-    /// requests: on a standalone Redis, one for every request; on a cluster, one per
-    /// master, for requests whose keys all lie on it, as far as the shim's map of the
-    /// cluster knows ([`crate::store::cluster_nodes`]); without a map, one per slot for requests
-    /// whose keys all lie in it (one client's rules keyed alike). `None` for a request
-    /// whose keys span masters (or slots, without a map): it is decided slot by slot
-    /// ([`crate::decide::decision::decide`]).
-    pub fn shared_script(&self, keys: &[String]) -> Option<SharedScript> {
-        if !self.is_cluster() {
-            return Some(SharedScript::Standalone);
-        }
-        self.read_nodes_if_due();
-        if let Some(master) = self.nodes.master_of(keys) {
-            return Some(SharedScript::Node(master));
-        }
-        let slot = slot_of(keys.first()?);
-        keys.iter()
-            .all(|key| slot_of(key) == slot)
-            .then_some(SharedScript::Slot(slot))
-    }
-
     /// Reads the cluster's map of masters in a task of its own when it is due.
     fn read_nodes_if_due(&self) {
         if !self.nodes.claim_reading() {
@@ -168,25 +135,6 @@ impl RedisStore {
             };
             nodes.read(reply);
         });
-    }
-
-    /// Runs check_batch.lua (check_node.lua for a master): each of `requests` charged
-    /// on its own, as check.lua would charge it alone, in one call, which may carry other
-    /// concurrent callers' requests on the same target ([`crate::store::coalesce`]). Every
-    /// request's keys share `script` ([`Self::shared_script`]). A request that met a key
-    /// no longer on the master fails with nothing written ([`moved_away`]), and the map
-    /// is read again.
-    pub async fn check_requests(&self, script: SharedScript, requests: &[RequestChecks<'_>]) -> Answer {
-        let answer = self.coalescer.check_requests(self, script, requests).await;
-        if let Ok(rows) = &answer {
-            if rows
-                .iter()
-                .any(|rows| rows.as_ref().is_err_and(|e| moved_away(e)))
-            {
-                self.nodes.mark_stale();
-            }
-        }
-        answer
     }
 
     /// One check_batch.lua call over `requests` (check_node.lua to a master).
@@ -371,6 +319,46 @@ impl Store for RedisStore {
     async fn refund(&self, charges: &[Charge<'_>]) -> Result<Vec<Row>, StoreError> {
         self.run(&refund_call(&self.library, charges), charges.len())
             .await
+    }
+
+    /// The script that can decide a request whose keys are `keys` along with other
+    /// requests: on a standalone Redis, one for every request; on a cluster, one per
+    /// master, for requests whose keys all lie on it, as far as the shim's map of the
+    /// cluster knows ([`crate::store::cluster_nodes`]); without a map, one per slot for requests
+    /// whose keys all lie in it (one client's rules keyed alike). `None` for a request
+    /// whose keys span masters (or slots, without a map): it is decided slot by slot
+    /// ([`crate::decide::decision::decide`]).
+    fn shared_script(&self, keys: &[String]) -> Option<SharedScript> {
+        if !self.is_cluster() {
+            return Some(SharedScript::Standalone);
+        }
+        self.read_nodes_if_due();
+        if let Some(master) = self.nodes.master_of(keys) {
+            return Some(SharedScript::Node(master));
+        }
+        let slot = slot_of(keys.first()?);
+        keys.iter()
+            .all(|key| slot_of(key) == slot)
+            .then_some(SharedScript::Slot(slot))
+    }
+
+    /// Runs check_batch.lua (check_node.lua for a master): each of `requests` charged
+    /// on its own, as check.lua would charge it alone, in one call, which may carry other
+    /// concurrent callers' requests on the same target ([`crate::store::coalesce`]). Every
+    /// request's keys share `script` ([`Self::shared_script`]). A request that met a key
+    /// no longer on the master fails with nothing written ([`moved_away`]), and the map
+    /// is read again.
+    async fn check_requests(&self, script: SharedScript, requests: &[RequestChecks<'_>]) -> Answer {
+        let answer = self.coalescer.check_requests(self, script, requests).await;
+        if let Ok(rows) = &answer {
+            if rows
+                .iter()
+                .any(|rows| rows.as_ref().is_err_and(|e| moved_away(e)))
+            {
+                self.nodes.mark_stale();
+            }
+        }
+        answer
     }
 }
 

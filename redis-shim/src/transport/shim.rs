@@ -2,7 +2,7 @@
 //! configuration, the metrics, the in-flight bound), and the token comparison they share.
 
 use crate::metrics::Metrics;
-use crate::store::redis_store::RedisStore;
+use crate::store::any_store::AnyStore;
 use crate::transport::admission::Admission;
 use crate::transport::config::ShimConfig;
 use std::sync::atomic::AtomicBool;
@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 /// What every endpoint and gRPC service shares.
 pub struct Shim {
-    pub store: RedisStore,
+    pub store: AnyStore,
     pub config: ShimConfig,
     /// Shared with the connection cap, which counts the open connections.
     pub metrics: Arc<Metrics>,
@@ -20,7 +20,7 @@ pub struct Shim {
 }
 
 impl Shim {
-    pub fn new(store: RedisStore, config: ShimConfig, metrics: Arc<Metrics>) -> Shim {
+    pub fn new(store: AnyStore, config: ShimConfig, metrics: Arc<Metrics>) -> Shim {
         Shim {
             store,
             admission: Admission::new(config.max_in_flight),

@@ -1,15 +1,15 @@
-//! The operations of [`RedisStore`] that readiness and the admin endpoints need, apart
+//! [`StoreAdmin`] on [`RedisStore`]: what readiness and the admin endpoints need, apart
 //! from the checks: PING, deleting a counter, finding a counter's other variants.
 
 use super::RedisStore;
 use crate::store::redis_connection::Connection;
-use crate::store::StoreError;
+use crate::store::{StoreAdmin, StoreError};
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::FromRedisValue;
 
-impl RedisStore {
+impl StoreAdmin for RedisStore {
     /// PING (every master of a cluster).
-    pub async fn ping(&self) -> Result<(), StoreError> {
+    async fn ping(&self) -> Result<(), StoreError> {
         let ping = redis::cmd("PING");
         let (connection, generation) = self.connection();
         match connection {
@@ -35,7 +35,7 @@ impl RedisStore {
 
     /// Deletes `key`; whether it was there. One key per command, so on a cluster it goes
     /// to the node holding its slot.
-    pub async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+    async fn delete(&self, key: &str) -> Result<bool, StoreError> {
         let mut del = redis::cmd("DEL");
         del.arg(key);
         let (connection, generation) = self.connection();
@@ -52,15 +52,9 @@ impl RedisStore {
         Ok(deleted > 0)
     }
 
-    /// Keys matching `pattern` on the node holding `near`'s slot (every key sharing its
-    /// hash tag lives there), by SCAN, at most `limit`; each SCAN call is bounded by the
+    /// By SCAN on the node holding `near`'s slot; each SCAN call is bounded by the
     /// timeout, and Redis serves others between them.
-    pub async fn scan_near(
-        &self,
-        near: &str,
-        pattern: &str,
-        limit: usize,
-    ) -> Result<Vec<String>, StoreError> {
+    async fn scan_near(&self, near: &str, pattern: &str, limit: usize) -> Result<Vec<String>, StoreError> {
         let mut found = Vec::new();
         let mut cursor = 0u64;
         loop {

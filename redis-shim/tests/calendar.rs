@@ -3,14 +3,13 @@
 //! month ends of each length, leap days, year ends and Monday week starts, at offsets with
 //! minutes and at both extremes, and at thousands of random instants from 1970 to 2400.
 //! The Rust function is itself checked against a hand-written table of boundaries in
-//! wire/src/calendar.rs. Then the shim's answers for a calendar check (window end, lease,
-//! tokens given back) and its refusal of a malformed calendar.
+//! wire/src/calendar.rs (and is what the store in memory runs). The shim's answers for a
+//! calendar check, on every backend, are in the suite (`suite/calendar.rs`).
 
 mod support;
 
 use ratelimit_wire::calendar::days_from_civil;
 use ratelimit_wire::{CalendarUnit, CalendarWindow};
-use serde_json::{json, Value};
 use support::*;
 
 /// A test-only driver after the shim's prelude and calendar file: ARGV holds pairs of
@@ -31,8 +30,8 @@ const MS_PER_DAY: i64 = 86_400_000;
 
 fn script() -> String {
     [
-        include_str!("../redis-shim/scripts/common.lua"),
-        include_str!("../redis-shim/scripts/calendar.lua"),
+        include_str!("../scripts/common.lua"),
+        include_str!("../scripts/calendar.lua"),
         DRIVER,
     ]
     .concat()
@@ -136,86 +135,4 @@ fn lua_windows_match_rust_at_random_instants_from_1970_to_2400() {
         })
         .collect();
     assert_lua_matches_rust(&redis, &cases);
-}
-
-/// A calendar check of the month at -03:30, as the filter sends it.
-fn monthly(key: &str, limit: u64) -> Value {
-    with(
-        check_of(key, "fixed_window", limit, CalendarUnit::Month.longest_ms()),
-        "calendar",
-        json!({ "unit": "month", "offset_minutes": -210 }),
-    )
-}
-
-#[test]
-fn a_calendar_check_ends_its_window_and_its_leases_at_the_month_end() {
-    let redis = Redis::start();
-    let shim = Shim::start(&redis.url(), &[]);
-    let url = shim.url("/v1/check");
-    let month = CalendarWindow {
-        unit: CalendarUnit::Month,
-        offset_minutes: -210,
-    };
-    let before_ms = redis.time_ms();
-    let answer = decide_at(&url, &[with(monthly("m", 10), "lease", json!(4))]);
-    let after_ms = redis.time_ms();
-    let (_, month_end_ms) = month.window_at(before_ms as i64);
-    let month_end_ms = month_end_ms as u64;
-    assert!(after_ms < month_end_ms, "the test ran across a month end");
-    let result = &answer["results"][0];
-    assert_eq!(result["granted"], 4, "{answer}");
-    for field in ["reset_ms", "lease_window_ms"] {
-        let ms = result[field].as_u64().unwrap();
-        assert!(
-            (month_end_ms - after_ms..=month_end_ms - before_ms).contains(&ms),
-            "{field} {ms} does not end at the month end {month_end_ms} ({answer})"
-        );
-    }
-    // The counter expires with its month: an idle client costs no memory after it.
-    let expire_at_ms: u64 = redis.cli(&["PEXPIRETIME", "rl:m"]).parse().unwrap();
-    assert_eq!(expire_at_ms, month_end_ms);
-    // Three of the four leased tokens come back through refund.lua.
-    let stamp = result["stamp"].as_i64().unwrap();
-    let back = json!({ "requests": [], "returns": [{ "key": "m", "algorithm": "fixed_window",
-        "limit": 10, "period_ms": CalendarUnit::Month.longest_ms(), "amount": 3, "stamp": stamp,
-        "calendar": { "unit": "month", "offset_minutes": -210 } }] });
-    let reply = post(&shim.url("/v1/check-batch"), &[], &back.to_string());
-    assert_eq!(reply.status, 200, "{reply:?}");
-    let again = decide_at(&url, &[monthly("m", 10)]);
-    assert_eq!(again["results"][0]["remaining"], 8, "{again}");
-}
-
-#[test]
-fn a_malformed_calendar_is_refused_naming_the_field() {
-    let redis = Redis::start();
-    let shim = Shim::start(&redis.url(), &[]);
-    let url = shim.url("/v1/check");
-    let cases = [
-        (
-            with(
-                monthly("k", 5),
-                "calendar",
-                json!({ "unit": "month", "offset_minutes": 900 }),
-            ),
-            "checks[0].calendar.offset_minutes",
-        ),
-        (
-            with(monthly("k", 5), "algorithm", json!("token_bucket")),
-            "checks[0].calendar",
-        ),
-        (
-            with(monthly("k", 5), "period_ms", json!(86_400_000)),
-            "checks[0].period_ms",
-        ),
-        (
-            with(monthly("k", 5), "calendar", json!({ "unit": "fortnight" })),
-            "fortnight",
-        ),
-    ];
-    for (check, expected) in cases {
-        let reply = post(&url, &[], &checks_body(std::slice::from_ref(&check)));
-        assert_eq!(reply.status, 400, "{check}: {reply:?}");
-        assert!(reply.body.contains(expected), "{check}: {}", reply.body);
-    }
-    assert_eq!(redis.cli(&["DBSIZE"]), "0");
 }
