@@ -10,7 +10,10 @@
 #![allow(unused_imports)] // and so not every re-export below
 
 pub mod fixtures;
+// The same client and port claims as the filter package's end-to-end tests: one copy.
+#[path = "../../../tests/support/http.rs"]
 pub mod http;
+#[path = "../../../tests/support/ports.rs"]
 pub mod ports;
 pub mod process;
 pub mod redis;
