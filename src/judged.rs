@@ -33,6 +33,7 @@ pub(crate) mod fixtures {
             shadow: rule.shadow,
             lease: 0,
             calendar: rule.calendar,
+            regions: Default::default(),
         }
     }
 

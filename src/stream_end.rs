@@ -102,6 +102,7 @@ mod tests {
             shadow: false,
             lease: 0,
             calendar: None,
+            regions: Default::default(),
         }
     }
 

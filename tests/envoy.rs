@@ -199,6 +199,10 @@ fn envoy_refuses_bad_plugin_configs_naming_the_field() {
             rule(json!({ "algorithm": "sliding_window_log", "limit": 100000 })),
             "rules[0].limit",
         ),
+        (
+            rule(json!({ "algorithm": "sliding_window_log", "regions": "replicated" })),
+            "rules[0].regions: replicated serves a count that adds across regions",
+        ),
         (json!({ "rules": [] }), "missing field `shim_cluster`"),
         (top(json!({ "timeout": "0ms" })), "timeout"),
         (top(json!({ "failure_mode": "sometimes" })), "failure_mode"),

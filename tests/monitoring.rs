@@ -682,6 +682,12 @@ fn every_query_names_metrics_a_running_stack_exports() {
         ) >= 1.0
     );
     parse_exposition(&shim_text, &mut scrape);
+    // A shim of several regions adds its replication's series, a peer's even while it
+    // is out of reach (here, a port nothing listens on).
+    let unreachable = claim_port();
+    let peer = format!("b=redis://127.0.0.1:{}", unreachable.port);
+    let regional = Shim::start(&redis.url(), &["--region", "a", "--peer-region", &peer]);
+    parse_exposition(&get(&regional.url("/metrics"), &[]).body, &mut scrape);
 
     // A check failing to a dead shim: the demo fails open.
     shim.kill();

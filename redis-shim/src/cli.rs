@@ -6,6 +6,7 @@
 
 use crate::ops::counters::CountersCommand;
 use crate::store::redis_connection::RedisConfig;
+use crate::store::regions::RegionFlags;
 use crate::transport::config::{RlsOptions, ShimConfig};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
@@ -96,6 +97,28 @@ pub struct Args {
     /// --rls-config that share a filter rule's counter (`filter_rule`, docs/RLS.md).
     #[arg(long, env = "RLSHIM_RLS_FILTER_CONFIG", requires = "rls_config")]
     pub rls_filter_config: Option<PathBuf>,
+    /// This shim's region, when it serves several (docs/REGIONS.md). Every shim of a
+    /// region shares the region's Redis (--redis-url).
+    #[arg(long, env = "RLSHIM_REGION")]
+    pub region: Option<String>,
+    /// Another region and its Redis, as NAME=REDIS_URL; once per other region. Checks
+    /// marked `home` or `replicated` use them (docs/REGIONS.md).
+    #[arg(
+        long = "peer-region",
+        env = "RLSHIM_PEER_REGIONS",
+        value_delimiter = ';',
+        requires = "region",
+        hide_env_values = true
+    )]
+    pub peer_regions: Vec<String>,
+    /// Timeout of each operation on a peer region's Redis, in milliseconds: a home
+    /// check's round trip across regions, a replication read.
+    #[arg(long, env = "RLSHIM_PEER_TIMEOUT_MS", default_value_t = 500)]
+    pub peer_timeout_ms: u64,
+    /// A peer region silent this long (milliseconds) is treated as cut off: the regions
+    /// still in reach of each other, when a majority, stop waiting for its confirmation.
+    #[arg(long, env = "RLSHIM_PEER_CUTOFF_MS", default_value_t = 1_000)]
+    pub peer_cutoff_ms: u64,
     /// Log lines as human-readable text or as JSON objects. Levels: RUST_LOG.
     #[arg(long, env = "RLSHIM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -139,6 +162,12 @@ impl Args {
     /// What [`crate::run`] needs; the listen address and log format stay with the caller.
     pub fn shim_config(&self) -> ShimConfig {
         ShimConfig {
+            regions: RegionFlags {
+                region: self.region.clone(),
+                peers: self.peer_regions.clone(),
+                peer_timeout_ms: self.peer_timeout_ms,
+                cutoff_ms: self.peer_cutoff_ms,
+            },
             redis: RedisConfig {
                 urls: self.redis_url.clone(),
                 cluster: self.redis_mode == RedisMode::Cluster,
@@ -217,5 +246,57 @@ mod tests {
         ]);
         let path = sharing.shim_config().rls.unwrap().filter_config_path;
         assert_eq!(path, Some(PathBuf::from("plugin.json")));
+    }
+
+    #[test]
+    fn peer_regions_are_named_once_each_and_never_like_this_one() {
+        assert_eq!(args(&[]).shim_config().regions.parse().unwrap(), None);
+        let three = args(&[
+            "--region",
+            "eu",
+            "--peer-region",
+            "us=redis://127.0.0.1:7001",
+            "--peer-region",
+            "ap=redis://127.0.0.1:7002",
+        ]);
+        let regions = three.shim_config().regions.parse().unwrap().unwrap();
+        assert_eq!(regions.peers.len(), 2);
+        assert_eq!(regions.peer_timeout, Duration::from_millis(500));
+        for (peer, named) in [
+            ("us", "NAME=REDIS_URL"),
+            ("eu=redis://127.0.0.1:7001", "named like this region"),
+            ("us=not a url", "not a Redis URL"),
+            ("u s=redis://127.0.0.1:7001", "a region's name"),
+        ] {
+            let err = args(&["--region", "eu", "--peer-region", peer])
+                .shim_config()
+                .regions
+                .parse()
+                .unwrap_err();
+            assert!(
+                err.starts_with("--peer-region") && err.contains(named),
+                "{peer}: {err}"
+            );
+        }
+        let twice = args(&[
+            "--region",
+            "eu",
+            "--peer-region",
+            "us=redis://127.0.0.1:7001",
+            "--peer-region",
+            "us=redis://127.0.0.1:7002",
+        ]);
+        assert!(twice
+            .shim_config()
+            .regions
+            .parse()
+            .unwrap_err()
+            .contains("given twice"));
+        let parse =
+            |flags: &[&str]| Args::try_parse_from(std::iter::once("redis-shim").chain(flags.iter().copied()));
+        assert!(
+            parse(&["--peer-region", "us=redis://127.0.0.1:7001"]).is_err(),
+            "needs --region"
+        );
     }
 }

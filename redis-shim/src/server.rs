@@ -14,6 +14,7 @@ use crate::routes;
 use crate::store::any_store::AnyStore;
 use crate::store::memory::MemoryStore;
 use crate::store::redis_store::RedisStore;
+use crate::store::regions::{replicator, Regions};
 use crate::transport::config::ShimConfig;
 use crate::transport::connection_cap::{ConnectionCap, ConnectionGuard};
 use crate::transport::shim::Shim;
@@ -47,12 +48,34 @@ pub async fn run(
     config.validate()?;
     let metrics = Arc::new(Metrics::default());
     let store = RedisStore::connect(&config.redis, metrics.clone())?;
-    serve(
-        listener,
-        Shim::new(AnyStore::Redis(store), config, metrics),
-        shutdown,
-    )
-    .await
+    let regions = match config.regions.parse()? {
+        Some(regions) if !regions.peers.is_empty() => Some(Arc::new(Regions::connect(
+            &regions,
+            &config.redis,
+            &config.key_prefix,
+            &metrics,
+        )?)),
+        Some(_) => {
+            tracing::info!("--region without --peer-region: every check counts in this region alone");
+            None
+        }
+        None => None,
+    };
+    let mut shim = Shim::new(AnyStore::Redis(store), config, metrics.clone());
+    let mut replicating = Vec::new();
+    if let Some(regions) = regions {
+        // The replication's own connection to this region's Redis, so that its pages
+        // never queue behind the checks.
+        let local = Arc::new(RedisStore::connect(&shim.config.redis, metrics)?);
+        replicating = replicator::spawn(local, regions.clone());
+        tracing::info!(region = %regions.own, peers = regions.peers.len(), "serving several regions");
+        shim = shim.with_regions(regions);
+    }
+    let served = serve(listener, shim, shutdown).await;
+    for task in replicating {
+        task.abort();
+    }
+    served
 }
 
 /// [`run`] with the counters in this process's memory ([`MemoryStore`]) instead of Redis
@@ -64,6 +87,13 @@ pub async fn run_in_memory(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     config.validate()?;
+    if config
+        .regions
+        .parse()?
+        .is_some_and(|regions| !regions.peers.is_empty())
+    {
+        return Err("--peer-region: regions replicate through Redis, not the store in memory".into());
+    }
     let metrics = Arc::new(Metrics::default());
     let store = AnyStore::Memory(MemoryStore::new());
     serve(listener, Shim::new(store, config, metrics), shutdown).await

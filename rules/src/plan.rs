@@ -51,6 +51,7 @@ pub fn plan(config: &FilterConfig, request: &impl RequestAttributes) -> Vec<Plan
                     shadow: rule.shadow,
                     lease: 0,
                     calendar: rule.calendar,
+                    regions: rule.regions,
                 },
             })
         })

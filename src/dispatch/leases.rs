@@ -124,6 +124,7 @@ mod tests {
                 shadow: false,
                 lease: 5,
                 calendar: None,
+                regions: Default::default(),
             },
         }
     }

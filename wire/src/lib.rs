@@ -43,6 +43,7 @@ mod algorithm;
 mod batch;
 pub mod calendar;
 mod rate;
+mod regions;
 pub mod tolerant;
 pub mod version;
 
@@ -50,6 +51,7 @@ pub use algorithm::{Algorithm, Refill, Traits, MAX_CONCURRENCY_LIMIT, MAX_LOG_LI
 pub use batch::{BatchAnswer, BatchCheckRequest, BatchCheckResponse, Settlement, TokenReturn};
 pub use calendar::{CalendarUnit, CalendarWindow};
 pub use rate::{Limit, OutOfBounds, Period, Rate, MAX_LIMIT, MAX_PERIOD_MS};
+pub use regions::{replicated_algorithms, Regions};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::fmt;
@@ -102,6 +104,9 @@ pub struct Check {
     /// A fixed window aligned to the calendar instead of to multiples of `period_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calendar: Option<CalendarWindow>,
+    /// How the count relates across regions (docs/REGIONS.md); independent by default.
+    #[serde(default, skip_serializing_if = "Regions::is_independent")]
+    pub regions: Regions,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -256,6 +261,9 @@ impl CheckRequest {
             if check.lease != 0 && (check.lease < check.cost || check.lease > check.limit) {
                 return fail(format!("checks[{i}].lease: must be 0 or cost..=limit"));
             }
+            if let Some(refused) = check.regions.refuses(check.algorithm, check.lease != 0) {
+                return fail(format!("checks[{i}].regions: {refused}"));
+            }
             if check.algorithm.traits().counts_in_flight && (check.cost != 1 || check.lease != 0) {
                 return fail(format!(
                     "checks[{i}]: a concurrency check takes one slot (cost 1, no lease)"
@@ -283,6 +291,7 @@ mod tests {
             shadow: false,
             lease: 0,
             calendar: None,
+            regions: Default::default(),
         }
     }
 

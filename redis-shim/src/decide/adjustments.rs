@@ -64,6 +64,7 @@ fn counter_check(
         shadow: false,
         lease: 0,
         calendar,
+        regions: Default::default(),
     }
 }
 

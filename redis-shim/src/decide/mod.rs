@@ -13,5 +13,6 @@ pub mod clock;
 pub mod decision;
 pub mod peek;
 pub mod refund;
+pub mod regions;
 pub mod rlqs;
 pub mod rls;

@@ -3,6 +3,7 @@
 //! and quota services keep theirs in [`rls`] and [`rlqs`], rendered with these.
 
 mod histogram;
+pub mod regions;
 pub mod rlqs;
 pub mod rls;
 

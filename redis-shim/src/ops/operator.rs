@@ -36,9 +36,13 @@ pub async fn readyz(request: Admitted) -> Response {
 }
 
 pub async fn metrics(request: Admitted) -> Response {
+    let mut text = request.shim.metrics.render();
+    if let Some(regions) = &request.shim.regions {
+        regions.render(&mut text);
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        request.shim.metrics.render(),
+        text,
     )
         .into_response()
 }

@@ -323,6 +323,7 @@ mod tests {
             shadow: false,
             lease: 0,
             calendar: None,
+            regions: Default::default(),
         }
     }
 

@@ -172,6 +172,7 @@ pub fn check(key: &str, limit: u64) -> Check {
         shadow: false,
         lease: 0,
         calendar: None,
+        regions: Default::default(),
     }
 }
 

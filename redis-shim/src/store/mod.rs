@@ -17,6 +17,7 @@ pub(crate) mod fake;
 pub mod memory;
 pub mod redis_connection;
 pub mod redis_store;
+pub mod regions;
 pub mod scripts;
 
 use ratelimit_wire::Check;

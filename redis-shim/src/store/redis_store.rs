@@ -110,6 +110,31 @@ impl RedisStore {
         }
     }
 
+    pub(crate) fn library(&self) -> &Library {
+        &self.library
+    }
+
+    /// Calls one of the library's functions (regions' calls: `crate::store::regions`).
+    pub(crate) async fn call_function<T: FromRedisValue + Send>(
+        &self,
+        call: &FunctionCall<'_>,
+    ) -> Result<T, StoreError> {
+        self.invoke(call).await
+    }
+
+    /// One plain command (a standalone Redis), within the Redis timeout: what the
+    /// replication between regions reads and writes besides its function.
+    pub(crate) async fn command<T: FromRedisValue + Send>(&self, command: &Cmd) -> Result<T, StoreError> {
+        let (connection, generation) = self.connection();
+        let Connection::Standalone(mut manager) = connection else {
+            return Err(StoreError::Unsupported(
+                "regions run on a standalone Redis".into(),
+            ));
+        };
+        self.bounded(generation, self.config.timeout, command.query_async(&mut manager))
+            .await
+    }
+
     pub fn is_cluster(&self) -> bool {
         self.config.cluster
     }

@@ -36,10 +36,11 @@ const SHARED_SOURCE: &str = concat!(
     include_str!("../../scripts/sliding_window_counter.lua"),
     include_str!("../../scripts/concurrency.lua"),
     include_str!("../../scripts/request.lua"),
+    include_str!("../../scripts/replicated.lua"),
 );
 
 /// The drivers, each registered as the function `<library>_<name>` with its flags.
-const DRIVERS: [(&str, &str, &str); 4] = [
+const DRIVERS: [(&str, &str, &str); 6] = [
     ("check", include_str!("../../scripts/check.lua"), ""),
     ("check_batch", include_str!("../../scripts/check_batch.lua"), ""),
     (
@@ -48,6 +49,12 @@ const DRIVERS: [(&str, &str, &str); 4] = [
         "'allow-cross-slot-keys'",
     ),
     ("refund", include_str!("../../scripts/refund.lua"), ""),
+    (
+        "check_regions",
+        include_str!("../../scripts/check_regions.lua"),
+        "",
+    ),
+    ("apply", include_str!("../../scripts/apply.lua"), ""),
 ];
 
 /// The shim's function library: its source and its functions' names.
@@ -58,6 +65,10 @@ pub struct Library {
     check_batch: String,
     check_node: String,
     refund: String,
+    /// Regions (`crate::store::regions`): a request with replicated checks, and a peer's
+    /// entries applied.
+    pub(crate) check_regions: String,
+    pub(crate) apply: String,
 }
 
 impl Library {
@@ -79,6 +90,8 @@ impl Library {
             check_batch: format!("{name}_check_batch"),
             check_node: format!("{name}_check_node"),
             refund: format!("{name}_refund"),
+            check_regions: format!("{name}_check_regions"),
+            apply: format!("{name}_apply"),
         }
     }
 
@@ -105,7 +118,7 @@ pub struct FunctionCall<'a> {
 }
 
 impl<'a> FunctionCall<'a> {
-    fn new(function: &'a str) -> FunctionCall<'a> {
+    pub(crate) fn new(function: &'a str) -> FunctionCall<'a> {
         FunctionCall {
             function,
             keys: Vec::new(),
@@ -113,12 +126,12 @@ impl<'a> FunctionCall<'a> {
         }
     }
 
-    fn key(&mut self, key: &'a str) -> &mut Self {
+    pub(crate) fn key(&mut self, key: &'a str) -> &mut Self {
         self.keys.push(key);
         self
     }
 
-    fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+    pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
         self.args.extend(arg.to_redis_args());
         self
     }
@@ -164,7 +177,7 @@ fn calendar_arg(check: &Check) -> String {
         .unwrap_or_default()
 }
 
-fn mode_arg(mode: Mode) -> &'static str {
+pub(crate) fn mode_arg(mode: Mode) -> &'static str {
     match mode {
         Mode::Charge => "charge",
         Mode::Peek => "peek",
@@ -174,7 +187,7 @@ fn mode_arg(mode: Mode) -> &'static str {
 /// A check's parameters as request.lua takes them, one ARGV value: `<algorithm> <limit>
 /// <period_ms> <cost> <lease> <shadow> <calendar>`. The checks of one rule share the
 /// value, which Redis parses once and keeps.
-fn params_arg(check: &Check) -> String {
+pub(crate) fn params_arg(check: &Check) -> String {
     format!(
         "{} {} {} {} {} {} {}",
         check.algorithm.as_str(),
@@ -382,6 +395,7 @@ mod tests {
             shadow: false,
             lease: 0,
             calendar: None,
+            regions: Default::default(),
         }
     }
 

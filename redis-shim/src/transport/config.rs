@@ -2,6 +2,7 @@
 //! the shim cannot run safely with before anything is served.
 
 use crate::store::redis_connection::RedisConfig;
+use crate::store::regions::RegionFlags;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -35,6 +36,9 @@ pub struct ShimConfig {
     pub shutdown_timeout: Duration,
     /// Envoy's rate-limit service too, when set (`crate::decide::rls`).
     pub rls: Option<RlsOptions>,
+    /// This shim's region and its peers, when it serves several (docs/REGIONS.md), as
+    /// flagged: [`ShimConfig::validate`] parses them.
+    pub regions: RegionFlags,
 }
 
 /// Where the rate-limit service listens and its configuration (a file or a directory).
@@ -75,6 +79,11 @@ impl ShimConfig {
                 "redis url: a standalone Redis takes exactly one (use cluster mode for several)".into(),
             );
         }
+        if let Some(regions) = self.regions.parse()? {
+            if self.redis.cluster && !regions.peers.is_empty() {
+                return Err("--peer-region: regions run on a standalone Redis in each region (docs/REGIONS.md: a Redis Cluster is not yet served)".into());
+            }
+        }
         if self.redis.timeout.is_zero() {
             return Err("redis timeout: must be positive".into());
         }
@@ -114,6 +123,7 @@ pub(crate) fn test_config() -> ShimConfig {
         body_timeout: Duration::from_secs(1),
         shutdown_timeout: Duration::from_secs(1),
         rls: None,
+        regions: RegionFlags::default(),
     }
 }
 

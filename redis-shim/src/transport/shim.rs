@@ -3,6 +3,7 @@
 
 use crate::metrics::Metrics;
 use crate::store::any_store::AnyStore;
+use crate::store::regions::Regions;
 use crate::transport::admission::Admission;
 use crate::transport::config::ShimConfig;
 use std::sync::atomic::AtomicBool;
@@ -17,6 +18,8 @@ pub struct Shim {
     pub admission: Admission,
     /// Set once the shutdown signal came: the shim reports not ready.
     pub draining: AtomicBool,
+    /// This shim's region and its peers, when it has peers (docs/REGIONS.md).
+    pub regions: Option<Arc<Regions>>,
 }
 
 impl Shim {
@@ -27,7 +30,14 @@ impl Shim {
             config,
             metrics,
             draining: AtomicBool::new(false),
+            regions: None,
         }
+    }
+
+    /// The same shim serving several regions.
+    pub fn with_regions(mut self, regions: Arc<Regions>) -> Shim {
+        self.regions = Some(regions);
+        self
     }
 
     /// Whether a caller presenting `presented` (absent: an empty token) may be served:

@@ -17,6 +17,7 @@ pub mod http;
 pub mod ports;
 pub mod process;
 pub mod redis;
+pub mod regions;
 pub mod shim;
 
 pub use fixtures::*;
@@ -24,4 +25,5 @@ pub use http::*;
 pub use ports::*;
 pub use process::*;
 pub use redis::*;
+pub use regions::{Link, Region, Regions};
 pub use shim::*;

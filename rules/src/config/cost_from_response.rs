@@ -4,7 +4,6 @@
 
 use super::model::{CostField, CostFromResponse, CostSource, Scope, UnreportedCost};
 use super::raw::{RawCostField, RawCostFromResponse, RawUnreportedCost};
-use super::rule::compile_field_name;
 use super::ConfigError;
 use crate::wire::{Algorithm, MAX_LIMIT};
 
@@ -141,6 +140,22 @@ fn compile_fields(field: &str, raw: Vec<RawCostField>) -> Result<Vec<CostField>,
         fields.push(CostField { path, weight });
     }
     Ok(fields)
+}
+
+/// A header or trailer name as Envoy stores it: lower-case token characters.
+fn compile_field_name(field: String, name: &str) -> Result<String, ConfigError> {
+    let valid = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    if !valid {
+        return Err(ConfigError::new(
+            field,
+            "must be a header name (token characters, no ':')",
+        ));
+    }
+    Ok(name.to_ascii_lowercase())
 }
 
 /// A dot-separated path: object fields, and array indexes written in decimal.

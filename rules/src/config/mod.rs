@@ -14,6 +14,7 @@ mod duration;
 mod header_dialects;
 mod model;
 mod raw;
+mod regions;
 mod rule;
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@ use super::header_dialects::Form;
 pub use super::header_dialects::HeaderDialect;
 use crate::keys::KeyPart;
 use crate::matching::RequestMatch;
-use crate::wire::{Algorithm, CalendarWindow, Period, Rate};
+use crate::wire::{Algorithm, CalendarWindow, Period, Rate, Regions};
 use serde::Deserialize;
 use std::rc::Rc;
 use std::time::Duration;
@@ -125,6 +125,9 @@ pub struct Rule {
     /// Where the response says what the request really cost: the admission charges the
     /// estimate (`cost`), the end of the response settles the difference.
     pub cost_from_response: Option<CostFromResponse>,
+    /// Where its counter lives when the shim serves several regions (docs/REGIONS.md);
+    /// its tiers' too.
+    pub regions: Regions,
 }
 
 /// A rule's cost read from its responses, and what a response that never reports it
@@ -260,6 +263,7 @@ impl Rule {
             lease: None,
             on_failure: RuleFailureMode::Open,
             cost_from_response: None,
+            regions: Regions::Independent,
         }
     }
 }

@@ -5,7 +5,7 @@ use super::header_dialects::RawHeaders;
 use super::model::{FailureMode, Scope};
 use crate::keys::KeyPart;
 use crate::matching::RawMatch;
-use crate::wire::{Algorithm, CalendarUnit};
+use crate::wire::{Algorithm, CalendarUnit, Regions};
 use serde::Deserialize;
 
 const DEFAULT_SHIM_CALLS_IN_FLIGHT: u32 = 4;
@@ -115,6 +115,8 @@ pub(super) struct RawRule {
     pub(super) fallback: Option<RawLocalLimit>,
     #[serde(default)]
     pub(super) cost_from_response: Option<RawCostFromResponse>,
+    #[serde(default)]
+    pub(super) regions: Regions,
 }
 
 #[derive(Deserialize)]

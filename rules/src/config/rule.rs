@@ -1,12 +1,13 @@
 //! Compiling one rule: its name, key, match, window (a period, or a calendar), rate,
-//! tiers, costs, local bucket, lease and failure mode, each checked against the others (a
-//! cost must fit every limit the rule can apply, a lease must hold the largest cost, a
-//! calendar quota is a global fixed window).
+//! tiers, costs, local bucket, lease, failure mode and regions, each checked against the
+//! others (a cost must fit every limit the rule can apply, a lease must hold the largest
+//! cost, a calendar quota is a global fixed window).
 
 use super::model::{
     FailureMode, Lease, Rule, RuleFailureMode, Scope, Tier, TierCondition, ValueTest, WeightedCost,
 };
 use super::raw::{RawCost, RawLease, RawLocalLimit, RawRule, RawRuleFailureMode, RawTier};
+use super::regions::check_regions;
 use super::window::{check_whole_seconds, compile_period, compile_window, window_counter_name, Window};
 use super::ConfigError;
 use crate::keys::KeyPart;
@@ -191,22 +192,6 @@ fn compile_failure_mode(
     })
 }
 
-/// A header or trailer name as Envoy stores it: lower-case token characters.
-pub(super) fn compile_field_name(field: String, name: &str) -> Result<String, ConfigError> {
-    let valid = !name.is_empty()
-        && name.len() <= 128
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-    if !valid {
-        return Err(ConfigError::new(
-            field,
-            "must be a header name (token characters, no ':')",
-        ));
-    }
-    Ok(name.to_ascii_lowercase())
-}
-
 impl RawRule {
     pub(super) fn compile(
         self,
@@ -245,6 +230,14 @@ impl RawRule {
             self.max_duration.as_deref(),
             self.calendar,
             self.utc_offset.as_deref(),
+        )?;
+        check_regions(
+            at,
+            self.regions,
+            algorithm,
+            self.scope,
+            self.lease.is_some(),
+            self.cost_from_response.is_some(),
         )?;
         let rate = Rate {
             limit: compile_limit(field("limit"), self.limit, algorithm)?,
@@ -324,6 +317,7 @@ impl RawRule {
             lease,
             on_failure,
             cost_from_response,
+            regions: self.regions,
         })
     }
 }

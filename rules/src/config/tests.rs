@@ -674,3 +674,160 @@ fn header_dialects_are_listed_by_name_and_clashing_ones_refused() {
     .unwrap_err();
     assert!(renamed.reason.contains("ratelimit-reset"), "{}", renamed.reason);
 }
+
+#[test]
+fn regions_reach_the_planned_check_and_tiers_inherit_them() {
+    use crate::attributes::fake::FakeRequest;
+    use crate::plan::plan;
+    use crate::wire::Regions;
+    let config = FilterConfig::from_json(
+        r#"{"shim_cluster": "c", "rules": [
+            {"name": "home", "key": [{"header": "x-api-key"}], "limit": 5, "period": "1m",
+             "algorithm": "sliding_window_log", "regions": "home"},
+            {"name": "replicated", "key": [{"header": "x-api-key"}], "limit": 5, "period": "1m",
+             "algorithm": "fixed_window", "regions": "replicated",
+             "tiers": [{"name": "vip", "when": {"header": "x-plan", "equals": "vip"}, "limit": 50}]},
+            {"name": "counter", "key": [{"header": "x-api-key"}], "limit": 5, "period": "1m",
+             "algorithm": "sliding_window_counter", "regions": "replicated", "local": {"limit": 5, "period": "1s"}},
+            {"name": "monthly", "key": [{"header": "x-api-key"}], "limit": 5, "calendar": "month",
+             "regions": "replicated"},
+            {"name": "in-flight", "key": [{"header": "x-api-key"}], "limit": 5, "algorithm": "concurrency",
+             "regions": "independent"},
+            {"name": "plain", "key": [{"header": "x-api-key"}], "limit": 5, "period": "1m",
+             "lease": {"size": 2, "ttl": "1s"}}
+        ]}"#
+        .as_bytes(),
+    )
+    .unwrap();
+    let regions: Vec<Regions> = config.rules.iter().map(|rule| rule.regions).collect();
+    assert_eq!(
+        regions,
+        [
+            Regions::Home,
+            Regions::Replicated,
+            Regions::Replicated,
+            Regions::Replicated,
+            Regions::Independent,
+            Regions::Independent
+        ]
+    );
+    let json_of = |request: &FakeRequest, rule: &str| -> serde_json::Value {
+        let planned = plan(&config, request);
+        let check = &planned
+            .iter()
+            .find(|planned| planned.rule.name == rule)
+            .unwrap()
+            .check;
+        serde_json::to_value(check).unwrap()
+    };
+    let request = FakeRequest::get("/").with_header("x-api-key", "k");
+    assert_eq!(json_of(&request, "home")["regions"], "home");
+    assert_eq!(json_of(&request, "replicated")["regions"], "replicated");
+    assert_eq!(json_of(&request, "counter")["regions"], "replicated");
+    assert_eq!(json_of(&request, "monthly")["regions"], "replicated");
+    let vip = request.clone().with_header("x-plan", "vip");
+    let tiered = json_of(&vip, "replicated");
+    assert_eq!(
+        (tiered["limit"].as_u64(), &tiered["regions"]),
+        (Some(50), &"replicated".into())
+    );
+    // An independent check's JSON is what it was before regions: old shims read it.
+    for rule in ["in-flight", "plain"] {
+        let json = json_of(&request, rule);
+        assert!(json.get("regions").is_none(), "{rule}: {json}");
+    }
+    let text = serde_json::to_string(&plan(&config, &request)[0].check).unwrap();
+    assert!(text.contains(r#""regions":"home""#), "{text}");
+}
+
+#[test]
+fn each_bad_regions_names_its_field() {
+    // Two valid rules before it: the field names the third.
+    let rule = |extra: &str| {
+        format!(
+            r#"{{"shim_cluster": "c", "rules": [
+                {{"name": "a", "key": ["client_ip"], "limit": 5, "period": "1s"}},
+                {{"name": "b", "key": ["client_ip"], "limit": 5, "period": "1s", "regions": "home"}},
+                {{"name": "r", "key": [{{"header": "x-api-key"}}], "limit": 100, {extra}}}
+            ]}}"#
+        )
+    };
+    let cases = [
+        (
+            r#""period": "1m", "regions": "everywhere""#,
+            "rules[2].regions",
+            "unknown variant `everywhere`, expected one of `independent`, `home`, `replicated`",
+        ),
+        (r#""period": "1m", "regions": "Home""#, "rules[2].regions", "unknown variant `Home`"),
+        (r#""period": "1m", "regions": true"#, "rules[2].regions", "expected"),
+        (
+            r#""period": "1m", "algorithm": "sliding_window_log", "regions": "replicated""#,
+            "rules[2].regions",
+            "replicated serves a count that adds across regions (fixed_window, sliding_window_counter), not sliding_window_log",
+        ),
+        (
+            r#""period": "1m", "regions": "replicated""#,
+            "rules[2].regions",
+            "not token_bucket",
+        ),
+        (
+            r#""algorithm": "concurrency", "regions": "replicated""#,
+            "rules[2].regions",
+            "not concurrency",
+        ),
+        (
+            r#""algorithm": "concurrency", "regions": "home""#,
+            "rules[2].regions",
+            "home does not serve concurrency (a slot's release would reach the wrong region)",
+        ),
+        (
+            r#""period": "1m", "regions": "home", "lease": {"size": 10, "ttl": "1s"}"#,
+            "rules[2].lease",
+            "a lease is not served on a home counter (its unspent tokens would come back to the wrong region)",
+        ),
+        (
+            r#""calendar": "day", "regions": "replicated", "lease": {"size": 10, "ttl": "1s"}"#,
+            "rules[2].lease",
+            "a lease is not served on a replicated counter",
+        ),
+        (
+            r#""period": "1m", "regions": "home", "cost_from_response": {"header": "x-cost", "unreported_cost": 10}"#,
+            "rules[2].cost_from_response",
+            "a settlement is not served on a home counter (the difference would reach the wrong region): a rule with cost_from_response keeps regions \"independent\"",
+        ),
+        (
+            r#""period": "1m", "algorithm": "sliding_window_counter", "regions": "replicated", "cost_from_response": {"header": "x-cost"}"#,
+            "rules[2].cost_from_response",
+            "a settlement is not served on a replicated counter",
+        ),
+        (
+            r#""period": "1m", "regions": "home", "scope": "local""#,
+            "rules[2].regions",
+            "a local rule has no shim (it counts in this Envoy alone): it cannot be home",
+        ),
+        (
+            r#""algorithm": "concurrency", "regions": "replicated", "scope": "local""#,
+            "rules[2].regions",
+            "a local rule has no shim",
+        ),
+        (
+            r#""period": "1m", "algorithm": "fixed_window", "regions": "home", "tiers": [{"name": "t", "when": {"header": "x", "equals": "y"}, "limit": 9, "regions": "independent"}]"#,
+            "rules[2].tiers[0].regions",
+            "unknown field `regions`",
+        ),
+    ];
+    for (extra, field, reason) in cases {
+        let err = error_for(&rule(extra));
+        assert_eq!(err.field, field, "{extra}: got {err}");
+        assert!(err.reason.contains(reason), "{extra}: got {err}");
+    }
+    // Independent, said explicitly, is what every rule was: it takes all of these.
+    for extra in [
+        r#""period": "1m", "regions": "independent", "lease": {"size": 10, "ttl": "1s"}"#,
+        r#""period": "1m", "regions": "independent", "cost_from_response": {"header": "x-cost"}"#,
+        r#""period": "1m", "regions": "independent", "scope": "local""#,
+        r#""period": "1m", "algorithm": "sliding_window_log", "regions": "independent""#,
+    ] {
+        assert!(FilterConfig::from_json(rule(extra).as_bytes()).is_ok(), "{extra}");
+    }
+}

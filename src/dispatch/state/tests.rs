@@ -24,6 +24,7 @@ fn check(key: &str) -> Check {
         shadow: false,
         lease: 0,
         calendar: None,
+        regions: Default::default(),
     }
 }
 

@@ -17,4 +17,5 @@ pub(super) const TRAITS: Traits = Traits {
     settles: false,
     runs_locally: true,
     follows_calendar: false,
+    replicates: false,
 };

@@ -72,6 +72,9 @@ pub struct Traits {
     pub runs_locally: bool,
     /// Its windows can follow the calendar (a day, a week, a month at a UTC offset).
     pub follows_calendar: bool,
+    /// Its count adds across regions, so a `replicated` check may run it (each region's
+    /// spending is a component of the count).
+    pub replicates: bool,
 }
 
 impl Algorithm {

@@ -15,4 +15,5 @@ pub(super) const TRAITS: Traits = Traits {
     settles: true,
     runs_locally: false,
     follows_calendar: false,
+    replicates: true,
 };

@@ -14,4 +14,5 @@ pub(super) const TRAITS: Traits = Traits {
     settles: true,
     runs_locally: true,
     follows_calendar: false,
+    replicates: false,
 };

@@ -83,6 +83,7 @@ pub fn bucket_limit(config: &RlsConfig, domain: &str, entries: &BucketKey) -> Bu
         shadow: false,
         lease: 0,
         calendar: None,
+        regions: Default::default(),
     };
     if limit.shadow_mode {
         return BucketLimit::Shadow {

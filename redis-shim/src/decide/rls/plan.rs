@@ -220,6 +220,7 @@ pub fn plan(config: &RlsConfig, request: &RateLimitRequest) -> Result<Plan, Stri
             shadow: applied.shadow_mode,
             lease: 0,
             calendar: None,
+            regions: Default::default(),
         });
         plan.descriptors.push(Planned::Counted {
             limit: applied,

@@ -6,6 +6,7 @@
 use super::endpoint::{error, Admitted, Refusal, Reply};
 use crate::decide::answer::respond;
 use crate::decide::decision;
+use crate::decide::regions::{crosses_regions, decide_across, note_without_peers};
 use crate::metrics::RequestOutcome;
 use crate::transport::shim::Shim;
 use axum::http::StatusCode;
@@ -34,7 +35,15 @@ async fn decide_request(shim: &Shim, request: &CheckRequest) -> Result<CheckResp
     let keys = shim
         .config
         .redis_keys(request.checks.iter().map(|check| check.key.as_str()));
-    let decision = decision::decide(&shim.store, &keys, &request.checks).await;
+    let decision = match shim.regions.as_deref() {
+        Some(regions) if crosses_regions(&request.checks) => {
+            decide_across(&shim.store, regions, &keys, &request.checks).await
+        }
+        _ => {
+            note_without_peers(&request.checks);
+            decision::decide(&shim.store, &keys, &request.checks).await
+        }
+    };
     respond(&shim.metrics, request, &keys, decision).map_err(redis_failed)
 }
 

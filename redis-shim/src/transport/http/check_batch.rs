@@ -7,6 +7,7 @@ use super::check::{answer_outcome, invalid_request, redis_failed};
 use crate::decide::adjustments::adjust_counters;
 use crate::decide::answer::respond;
 use crate::decide::decision::{self, DecideError, Decision};
+use crate::decide::regions::{crosses_regions, decide_across, note_without_peers};
 use crate::metrics::RequestOutcome;
 use crate::store::cluster_nodes::moved_away;
 use crate::store::scripts::RequestChecks;
@@ -199,10 +200,16 @@ async fn decide_batch(shim: &Shim, requests: &[CheckRequest]) -> Vec<Result<Chec
     // need scripts of their own.
     let mut scripts: Vec<(SharedScript, Vec<usize>)> = Vec::new();
     let mut spanning_slots: Vec<usize> = Vec::new();
+    let mut across_regions: Vec<usize> = Vec::new();
     for (index, keys) in keys.iter().enumerate() {
         if validity[index].is_err() {
             continue;
         }
+        if shim.regions.is_some() && crosses_regions(&requests[index].checks) {
+            across_regions.push(index);
+            continue;
+        }
+        note_without_peers(&requests[index].checks);
         match shim.store.shared_script(keys) {
             Some(script) => match scripts.iter_mut().find(|(shared, _)| *shared == script) {
                 Some((_, members)) => members.push(index),
@@ -247,13 +254,24 @@ async fn decide_batch(shim: &Shim, requests: &[CheckRequest]) -> Vec<Result<Chec
             .iter()
             .map(|&i| decision::decide(&shim.store, &keys[i], &requests[i].checks)),
     );
-    let (together, alone) = futures_util::future::join(together, alone).await;
+    let regional = join_all(across_regions.iter().map(|&i| {
+        let (keys, checks) = (&keys[i], &requests[i].checks);
+        async move {
+            match shim.regions.as_deref() {
+                Some(regions) => decide_across(&shim.store, regions, keys, checks).await,
+                None => decision::decide(&shim.store, keys, checks).await,
+            }
+        }
+    }));
+    let (together, alone, regional) = futures_util::future::join3(together, alone, regional).await;
     let mut decisions: Vec<Option<Result<Decision, DecideError>>> = requests.iter().map(|_| None).collect();
     let decided_members = scripts
         .iter()
         .zip(together)
         .flat_map(|((_, members), decided)| members.iter().copied().zip(decided));
-    for (index, decision) in decided_members.chain(spanning_slots.iter().copied().zip(alone)) {
+    let decided_alone = spanning_slots.iter().copied().zip(alone);
+    let decided_across = across_regions.iter().copied().zip(regional);
+    for (index, decision) in decided_members.chain(decided_alone).chain(decided_across) {
         decisions[index] = Some(decision);
     }
     requests
@@ -352,6 +370,7 @@ mod tests {
                 shadow: false,
                 lease: 0,
                 calendar: None,
+                regions: Default::default(),
             }],
         };
         let failed = Err(Refusal::new(

@@ -1,0 +1,232 @@
+//! Several regions, each its own Redis and shim (the binary), the links between them
+//! through delay proxies (docs/REGIONS.md): `home` counts exactly; `replicated` keeps
+//! its stated bound in a burst everywhere at once, lets one busy region reach the limit,
+//! keeps its bound while a region is cut off and converges once it heals, and neither
+//! loses nor doubles spending when a shim is killed with SIGKILL.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use support::*;
+
+/// One way between regions: 20 ms, a WAN's order.
+const DELAY_US: u64 = 20_000;
+const LIMIT: u64 = 100;
+const HOUR_MS: u64 = 3_600_000;
+
+fn check(key: &str, regions: &str) -> Value {
+    json!({"key": key, "algorithm": "fixed_window", "limit": LIMIT, "period_ms": HOUR_MS, "regions": regions})
+}
+
+/// A key no other test (or earlier run on the same Redis) has used.
+fn fresh_key(name: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{name}:{{{}-{}}}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Posts `per_region` checks to every region at once (`per_region` threads each); the
+/// number admitted.
+fn burst(regions: &Regions, check: &Value, per_region: usize) -> u64 {
+    let body = json!({ "checks": [check] }).to_string();
+    let admitted = AtomicU64::new(0);
+    let urls: Vec<String> = (0..regions.len()).map(|index| regions.check_url(index)).collect();
+    std::thread::scope(|scope| {
+        for url in &urls {
+            for _ in 0..per_region {
+                let (body, admitted) = (&body, &admitted);
+                scope.spawn(move || {
+                    if admits(&post(url, &[], body)) {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        }
+    });
+    admitted.into_inner()
+}
+
+fn admits(reply: &Reply) -> bool {
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let answer: Value = serde_json::from_str(&reply.body).unwrap();
+    answer["allowed"] == true
+}
+
+/// One check at region `index`: whether it admitted, and the `remaining` it reports.
+fn one(regions: &Regions, index: usize, check: &Value) -> (bool, u64) {
+    let answer = decide_at(&regions.check_url(index), std::slice::from_ref(check));
+    (
+        answer["allowed"] == true,
+        answer["results"][0]["remaining"].as_u64().unwrap(),
+    )
+}
+
+/// Waits until every region reports `remaining` within one of `LIMIT - spent` with a
+/// check that spends nothing more (a peek: a check of cost `LIMIT` cannot be admitted
+/// once anything was spent, and its answer still reports `remaining`).
+fn converged(regions: &Regions, check: &Value, spent: u64, within: Duration) -> Duration {
+    let started = Instant::now();
+    let mut peek = check.clone();
+    peek["cost"] = json!(LIMIT);
+    let expected = LIMIT.saturating_sub(spent);
+    wait_until("every region seeing every region's spending", within, || {
+        (0..regions.len()).all(|index| one(regions, index, &peek).1.abs_diff(expected) <= 1)
+    });
+    started.elapsed()
+}
+
+#[test]
+fn independent_admits_the_limit_in_each_region_and_home_the_limit_once() {
+    let regions = Regions::start(3, DELAY_US, &[]);
+    let independent = burst(&regions, &check(&fresh_key("independent"), "independent"), 100);
+    assert_eq!(independent, 3 * LIMIT, "each region counts on its own");
+    let home = burst(&regions, &check(&fresh_key("home"), "home"), 100);
+    eprintln!("home, 100 at once in each of 3 regions: {home} admitted");
+    assert_eq!(home, LIMIT, "one home region counts every region's checks");
+}
+
+#[test]
+fn replicated_keeps_its_bound_in_a_burst_everywhere_and_one_region_reaches_the_limit() {
+    let regions = Regions::start(3, DELAY_US, &[]);
+    let key = check(&fresh_key("burst"), "replicated");
+    let admitted = burst(&regions, &key, 100);
+    eprintln!("replicated, 100 at once in each of 3 regions: {admitted} admitted");
+    // docs/REGIONS.md: regions spending at once from the same knowledge admit at most
+    // the limit (their shares of one remainder add up to it).
+    assert!(admitted <= LIMIT, "{admitted} admitted in a burst everywhere");
+    assert!(
+        admitted >= LIMIT / 3,
+        "{admitted}: every region spends at least its share"
+    );
+    converged(&regions, &key, admitted, Duration::from_secs(5));
+
+    // One region alone, 300 checks over 3 s: its share renews as the idle peers confirm.
+    let lone = check(&fresh_key("lone"), "replicated");
+    let url = regions.check_url(2);
+    let body = json!({ "checks": [&lone] }).to_string();
+    let mut admitted = 0;
+    let started = Instant::now();
+    for sent in 0..300u32 {
+        let due = started + Duration::from_millis(10) * sent;
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        admitted += u64::from(admits(&post(&url, &[], &body)));
+    }
+    eprintln!("replicated, 300 over 3 s at one region: {admitted} admitted");
+    assert!(
+        admitted >= LIMIT - 2,
+        "one busy region admitted {admitted} of {LIMIT}"
+    );
+    assert!(admitted <= LIMIT);
+}
+
+#[test]
+fn a_region_cut_off_spends_at_most_its_share_and_converges_when_healed() {
+    let mut regions = Regions::start(3, DELAY_US, &[]);
+    let key = check(&fresh_key("partition"), "replicated");
+    // Some spending everywhere, known everywhere.
+    for index in 0..3 {
+        for _ in 0..5 {
+            assert!(one(&regions, index, &key).0);
+        }
+    }
+    converged(&regions, &key, 15, Duration::from_secs(5));
+    regions.cut_off(2);
+    // Traffic everywhere for 5 s while c is cut off.
+    let admitted = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for index in 0..3 {
+            let (regions, key, admitted) = (&regions, &key, &admitted);
+            scope.spawn(move || {
+                let started = Instant::now();
+                while started.elapsed() < Duration::from_secs(5) {
+                    if one(regions, index, key).0 {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            });
+        }
+    });
+    let total = 15 + admitted.into_inner();
+    eprintln!("replicated, c cut off for 5 s: {total} admitted");
+    // docs/REGIONS.md: the majority spends to the limit; the region cut off no more
+    // than its share of what it knew remained, ceil((100 - 15) / 3) = 29.
+    assert!(total <= LIMIT + 29, "{total} admitted with c cut off");
+    assert!(total >= LIMIT, "{total}: the majority carries on to the limit");
+    regions.heal(2);
+    let took = converged(&regions, &key, total, Duration::from_secs(5));
+    eprintln!("converged {took:?} after healing");
+    assert!(took < Duration::from_secs(3), "converged {took:?} after healing");
+}
+
+#[test]
+fn a_shim_killed_mid_run_loses_and_doubles_no_spending() {
+    let mut regions = Regions::start(3, DELAY_US, &[]);
+    let key = check(&fresh_key("sigkill"), "replicated");
+    let mut admitted = 0;
+    for round in 0..6 {
+        for index in 0..3 {
+            admitted += u64::from(one(&regions, index, &key).0);
+        }
+        if round == 2 {
+            // b's shim dies between its spending and its replication of a's and c's.
+            regions.kill_shim(1);
+            for index in [0, 2] {
+                admitted += u64::from(one(&regions, index, &key).0);
+            }
+            regions.start_shim(1);
+        }
+    }
+    converged(&regions, &key, admitted, Duration::from_secs(5));
+    eprintln!("a shim killed and restarted: {admitted} admitted");
+    // Every region's Redis holds each region's component exactly once.
+    for region in &regions.regions {
+        let fields = region
+            .redis
+            .cli(&["HGETALL", &format!("rl:{}", key["key"].as_str().unwrap())]);
+        let lines: Vec<&str> = fields.lines().collect();
+        let total: u64 = lines
+            .chunks(2)
+            .filter(|pair| pair[0].starts_with("c:"))
+            .map(|pair| pair[1].parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(total, admitted, "{}: {fields}", region.name);
+    }
+}
+
+#[test]
+fn a_replicated_sliding_log_is_refused_naming_the_field() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &["--region", "a"]);
+    let mut log = check("k", "replicated");
+    log["algorithm"] = json!("sliding_window_log");
+    let reply = post(
+        &shim.url("/v1/check"),
+        &[],
+        &json!({ "checks": [log] }).to_string(),
+    );
+    assert_eq!(reply.status, 400, "{reply:?}");
+    assert!(reply.body.contains("checks[0].regions"), "{}", reply.body);
+}
+
+#[test]
+fn bad_peer_regions_are_refused_at_start_naming_the_flag() {
+    for (flags, named) in [
+        (vec!["--region", "a", "--peer-region", "b"], "NAME=REDIS_URL"),
+        (
+            vec!["--region", "a", "--peer-region", "a=redis://127.0.0.1:1"],
+            "named like this region",
+        ),
+    ] {
+        let refusal = Shim::refusal(&[&["--redis-url", "redis://127.0.0.1:1"][..], &flags].concat());
+        assert!(
+            refusal.contains("--peer-region") && refusal.contains(named),
+            "{refusal}"
+        );
+    }
+}
