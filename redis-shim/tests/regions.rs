@@ -166,7 +166,7 @@ fn a_region_cut_off_spends_at_most_its_share_and_converges_when_healed() {
 
 #[test]
 fn a_shim_killed_mid_run_loses_and_doubles_no_spending() {
-    let mut regions = Regions::start(3, DELAY_US, &[]);
+    let mut regions = Regions::start(3, DELAY_US, &["--admin-token", "admin"]);
     let key = check(&fresh_key("sigkill"), "replicated");
     let mut admitted = 0;
     for round in 0..6 {
@@ -197,6 +197,38 @@ fn a_shim_killed_mid_run_loses_and_doubles_no_spending() {
             .sum();
         assert_eq!(total, admitted, "{}: {fields}", region.name);
     }
+    // What `redis-shim counters show` reads: each region's component, as each region holds
+    // them, the same everywhere.
+    let mut shown = Vec::new();
+    for index in 0..regions.len() {
+        let url = regions
+            .check_url(index)
+            .replace("/v1/check", "/v1/admin/counters/show");
+        let reply = post(
+            &url,
+            &[("x-ratelimit-token", "admin")],
+            &json!({ "checks": [&key] }).to_string(),
+        );
+        assert_eq!(reply.status, 200, "{reply:?}");
+        let answer: Value = serde_json::from_str(&reply.body).unwrap();
+        let parts = answer["components"][0].as_array().unwrap().clone();
+        let sum: u64 = parts.iter().map(|part| part[1].as_u64().unwrap()).sum();
+        assert_eq!(sum, admitted, "{answer}");
+        assert_eq!(answer["results"][0]["remaining"], LIMIT - admitted, "{answer}");
+        shown.push(parts);
+    }
+    assert!(shown.windows(2).all(|pair| pair[0] == pair[1]), "{shown:?}");
+}
+
+#[test]
+fn a_replicated_sliding_counter_keeps_the_burst_bound_and_converges() {
+    let regions = Regions::start(3, DELAY_US, &[]);
+    let mut key = check(&fresh_key("sliding"), "replicated");
+    key["algorithm"] = json!("sliding_window_counter");
+    let admitted = burst(&regions, &key, 60);
+    eprintln!("replicated sliding counter, 60 at once in each of 3 regions: {admitted} admitted");
+    assert!((LIMIT / 3..=LIMIT).contains(&admitted), "{admitted}");
+    converged(&regions, &key, admitted, Duration::from_secs(5));
 }
 
 #[test]

@@ -5,10 +5,13 @@
 //! region alone, as `independent` ones, which is said once in the log.
 
 use crate::decide::decision::{self, DecideError, Decision};
+use crate::decide::peek::peek;
 use crate::store::any_store::AnyStore;
 use crate::store::regions::router::Routed;
 use crate::store::regions::Regions;
-use ratelimit_wire::Check;
+use crate::store::StoreError;
+use ratelimit_wire::{Check, CheckResult, Regions as Rung};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Whether some of `checks` count beyond this region.
@@ -30,6 +33,50 @@ pub async fn decide_across(
         // Regions are refused at start on the store in memory.
         AnyStore::Memory(_) => decision::decide(store, keys, checks).await,
     }
+}
+
+/// The state of `checks` across `regions`, charging nothing: each where it is counted.
+pub async fn peek_across(
+    store: &AnyStore,
+    regions: &Regions,
+    keys: &[String],
+    checks: &[Check],
+) -> Result<Vec<CheckResult>, StoreError> {
+    match store {
+        AnyStore::Redis(local) => peek(&Routed::new(local, regions, keys, checks), keys, checks).await,
+        AnyStore::Memory(_) => peek(store, keys, checks).await,
+    }
+}
+
+/// Per check, each region's component of a replicated counter as this region's Redis
+/// holds it (region name, count in the window it holds), sorted by region; empty for
+/// any other check.
+pub async fn components(
+    store: &AnyStore,
+    keys: &[String],
+    checks: &[Check],
+) -> Result<Vec<Vec<(String, u64)>>, StoreError> {
+    let mut all = Vec::with_capacity(checks.len());
+    for (key, check) in keys.iter().zip(checks) {
+        let AnyStore::Redis(local) = store else {
+            all.push(Vec::new());
+            continue;
+        };
+        if check.regions != Rung::Replicated {
+            all.push(Vec::new());
+            continue;
+        }
+        let fields: BTreeMap<String, String> = local.command(redis::cmd("HGETALL").arg(key)).await?;
+        all.push(
+            fields
+                .iter()
+                .filter_map(|(field, value)| {
+                    Some((field.strip_prefix("c:")?.to_string(), value.parse().ok()?))
+                })
+                .collect(),
+        );
+    }
+    Ok(all)
 }
 
 /// Says once that `checks` name a rung this shim, without peers, serves as independent.

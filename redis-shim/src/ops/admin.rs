@@ -12,6 +12,7 @@
 //! `endpoint`, apart from the check traffic.
 
 use crate::decide::peek::peek;
+use crate::decide::regions::{components, crosses_regions, peek_across};
 use crate::metrics::{CountedEndpoint, RequestOutcome};
 use crate::store::StoreAdmin;
 use crate::transport::http::endpoint::{
@@ -53,6 +54,10 @@ const MAX_VARIANTS: usize = 32;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShowAnswer {
     pub results: Vec<CheckResult>,
+    /// Per check, each region's component of a replicated counter (docs/REGIONS.md),
+    /// as this shim's region holds them; empty for other checks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<Vec<(String, u64)>>,
 }
 
 /// `POST /v1/admin/counters/reset` answer: each counter's state just before the reset,
@@ -117,10 +122,20 @@ pub async fn show(request: Admitted) -> Reply {
 async fn show_counters(request: &Admitted) -> Result<Response, Refusal> {
     let shim = &request.shim;
     let (counters, keys) = counters_asked(shim, &request.body)?;
-    let results = peek(&shim.store, &keys, &counters.checks)
+    let results = match shim.regions.as_deref() {
+        Some(regions) if crosses_regions(&counters.checks) => {
+            peek_across(&shim.store, regions, &keys, &counters.checks).await
+        }
+        _ => peek(&shim.store, &keys, &counters.checks).await,
+    }
+    .map_err(redis_failure)?;
+    let mut components = components(&shim.store, &keys, &counters.checks)
         .await
         .map_err(redis_failure)?;
-    Ok(Json(ShowAnswer { results }).into_response())
+    if components.iter().all(Vec::is_empty) {
+        components.clear();
+    }
+    Ok(Json(ShowAnswer { results, components }).into_response())
 }
 
 /// Each algorithm keeps a counter in exactly one key (see the scripts' headers), so

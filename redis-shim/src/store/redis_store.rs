@@ -135,6 +135,26 @@ impl RedisStore {
             .await
     }
 
+    /// Several plain commands in one round trip (a standalone Redis), within the Redis
+    /// timeout.
+    pub(crate) async fn pipeline<T: FromRedisValue + Send>(
+        &self,
+        pipeline: &redis::Pipeline,
+    ) -> Result<T, StoreError> {
+        let (connection, generation) = self.connection();
+        let Connection::Standalone(mut manager) = connection else {
+            return Err(StoreError::Unsupported(
+                "regions run on a standalone Redis".into(),
+            ));
+        };
+        self.bounded(
+            generation,
+            self.config.timeout,
+            pipeline.query_async(&mut manager),
+        )
+        .await
+    }
+
     pub fn is_cluster(&self) -> bool {
         self.config.cluster
     }

@@ -135,17 +135,17 @@ fn execute(args: &CountersArgs, reset: bool) -> Result<(String, Option<String>),
             _ => None,
         })
         .collect();
-    let (results, deleted, variants) = if checks.is_empty() {
-        (vec![], None, vec![])
+    let (results, deleted, variants, components) = if checks.is_empty() {
+        (vec![], None, vec![], vec![])
     } else {
         let request = CheckRequest { checks };
         let variants: VariantsAnswer = call(args, COUNTERS_VARIANTS.path, &request)?;
         if reset {
             let answer: ResetAnswer = call(args, COUNTERS_RESET.path, &request)?;
-            (answer.before, Some(answer.deleted), variants.variants)
+            (answer.before, Some(answer.deleted), variants.variants, vec![])
         } else {
             let answer: ShowAnswer = call(args, COUNTERS_SHOW.path, &request)?;
-            (answer.results, None, variants.variants)
+            (answer.results, None, variants.variants, answer.components)
         }
     };
     let mut notes = reset_notes(&config, &rows, &results, reset);
@@ -179,6 +179,7 @@ fn execute(args: &CountersArgs, reset: bool) -> Result<(String, Option<String>),
     let report = Report {
         rows: &rows,
         results: &results,
+        components: &components,
         deleted: deleted.as_deref(),
         notes: &notes,
         reset,

@@ -14,6 +14,8 @@ pub struct Report<'a> {
     pub rows: &'a [RuleRow],
     /// One per counted rule, in order: its state (before the reset, for a reset).
     pub results: &'a [CheckResult],
+    /// One per counted rule when any is replicated: each region's component.
+    pub components: &'a [Vec<(String, u64)>],
     /// For a reset: whether each counted rule's key was there to delete.
     pub deleted: Option<&'a [bool]>,
     pub notes: &'a [String],
@@ -130,7 +132,18 @@ impl Report<'_> {
                     let result = self.results.get(counted);
                     let was_deleted = self.deleted.and_then(|d| d.get(counted)).copied();
                     counted += 1;
-                    let note = counted_notes(planned, row.tier.as_deref(), result.filter(|_| !self.reset));
+                    let mut note =
+                        counted_notes(planned, row.tier.as_deref(), result.filter(|_| !self.reset));
+                    if let Some(parts) = self.components.get(counted - 1).filter(|parts| !parts.is_empty()) {
+                        let parts: Vec<String> =
+                            parts.iter().map(|(region, n)| format!("{region} {n}")).collect();
+                        let shown = format!("regions: {}", parts.join(", "));
+                        note = if note.is_empty() {
+                            shown
+                        } else {
+                            format!("{note}, {shown}")
+                        };
+                    }
                     let key = planned.check.key.clone();
                     if self.reset {
                         let outcome = match (was_deleted, result) {
@@ -230,6 +243,12 @@ impl Report<'_> {
                         value["remaining"] = json!(result.remaining);
                         value["reset_ms"] = json!(result.reset_ms);
                         value["retry_after_ms"] = json!(result.retry_after_ms);
+                    }
+                    if let Some(parts) = self.components.get(counted).filter(|parts| !parts.is_empty()) {
+                        value["regions"] = json!(parts
+                            .iter()
+                            .cloned()
+                            .collect::<std::collections::BTreeMap<_, _>>());
                     }
                     if let Some(was_deleted) = self.deleted.and_then(|d| d.get(counted)) {
                         value["deleted"] = json!(was_deleted);

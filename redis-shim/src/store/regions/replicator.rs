@@ -72,28 +72,24 @@ async fn pass(local: &RedisStore, regions: &Regions, peer: usize) -> Result<usiz
     let position_key = regions.position_key(&this.name);
     let position: Option<String> = local.command(redis::cmd("GET").arg(&position_key)).await?;
     let position = position.unwrap_or_else(|| "0-0".into());
-    // The peer's confirmation is read before its stream: what it says it has applied of
-    // ours is then never newer than what we read of its own spending.
-    let acked: Option<String> = this
-        .store
-        .command(redis::cmd("GET").arg(regions.position_key(&regions.own)))
-        .await?;
+    // The peer's confirmation is read before its stream, in one round trip: what it says
+    // it has applied of ours is then never newer than what we read of its own spending.
     let from = if position == "0-0" {
         "-".to_string()
     } else {
         format!("({position}")
     };
-    let entries: Vec<(String, Vec<String>)> = this
-        .store
-        .command(
-            redis::cmd("XRANGE")
-                .arg(regions.stream_key())
-                .arg(from)
-                .arg("+")
-                .arg("COUNT")
-                .arg(PAGE),
-        )
-        .await?;
+    let mut reads = redis::pipe();
+    reads
+        .cmd("GET")
+        .arg(regions.position_key(&regions.own))
+        .cmd("XRANGE")
+        .arg(regions.stream_key())
+        .arg(from)
+        .arg("+")
+        .arg("COUNT")
+        .arg(PAGE);
+    let (acked, entries): (Option<String>, Vec<(String, Vec<String>)>) = this.store.pipeline(&reads).await?;
     if let Some((last, _)) = entries.last() {
         let parsed: Vec<Entry> = entries
             .iter()
