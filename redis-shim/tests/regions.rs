@@ -232,6 +232,43 @@ fn a_replicated_sliding_counter_keeps_the_burst_bound_and_converges() {
 }
 
 #[test]
+fn a_peer_out_of_reach_at_start_is_a_partition_that_heals() {
+    let mut regions = Regions::start(3, DELAY_US, &[]);
+    regions.kill_shim(0);
+    regions.cut_off(0);
+    regions.start_shim(0);
+    let metrics_url = regions.check_url(0).replace("/v1/check", "/metrics");
+    let reachable = |peer: &str| {
+        let text = get(&metrics_url, &[]).body;
+        let line = format!("rlshim_region_peer_reachable{{peer=\"{peer}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(line.as_str()).map(|v| v == "1"))
+            .unwrap_or_else(|| panic!("no {line} in {text}"))
+    };
+    assert!(!reachable("b") && !reachable("c"), "a started cut off");
+    let key = check(&fresh_key("late"), "replicated");
+    for index in 0..3 {
+        assert!(one(&regions, index, &key).0);
+    }
+    regions.heal(0);
+    wait_until("a's peers in reach", Duration::from_secs(10), || {
+        reachable("b") && reachable("c")
+    });
+    converged(&regions, &key, 3, Duration::from_secs(5));
+}
+
+#[test]
+fn without_peers_a_replicated_check_counts_in_its_region_alone() {
+    let redis = Redis::start();
+    let shim = Shim::start(&redis.url(), &["--region", "a"]);
+    let key = check(&fresh_key("alone"), "replicated");
+    for expected in (LIMIT - 3..LIMIT).rev() {
+        let answer = decide_at(&shim.url("/v1/check"), std::slice::from_ref(&key));
+        assert_eq!(answer["results"][0]["remaining"], expected, "{answer}");
+    }
+}
+
+#[test]
 fn a_replicated_sliding_log_is_refused_naming_the_field() {
     let redis = Redis::start();
     let shim = Shim::start(&redis.url(), &["--region", "a"]);
