@@ -65,10 +65,16 @@ up: build
 down:
 	@scripts/stack.sh down
 
+# `make demo REGIONS=3`: instead, that many regions on this machine (scripts/regions-demo.py:
+# a Redis and a shim each, 20 ms one way between them), no Envoy.
 demo: build
-	@scripts/stack.sh up >/dev/null
-	@scripts/demo.sh || { scripts/stack.sh down; exit 1; }
-	@scripts/stack.sh down
+	@if [ -n "$(REGIONS)" ]; then \
+		$(MAKE) --no-print-directory shim && python3 scripts/regions-demo.py --regions "$(REGIONS)"; \
+	else \
+		scripts/stack.sh up >/dev/null && \
+		{ scripts/demo.sh || { scripts/stack.sh down; exit 1; }; } && \
+		scripts/stack.sh down; \
+	fi
 
 # A release folder, dist/ratelimit-wasm-VERSION/ (scripts/dist.sh; REGISTRY names the
 # registry the WasmPlugin pulls from).
@@ -91,6 +97,10 @@ compose-down:
 
 # Benchmarks (not part of `make test`): Envoy with one worker on core 0, load from core 1;
 # every configuration back to back, the sweep twice; see bench/RESULTS.md.
-.PHONY: bench
+.PHONY: bench bench-regions
 bench: setup build
 	@PEER="$(PEER)" bench/bench.sh
+# Three regions at 0, 10 and 40 ms one way: what each `regions` rung admits in a burst, its
+# latency, replicated's convergence after a partition, Redis work per check (bench/regions.py).
+bench-regions: shim
+	@python3 bench/regions.py
