@@ -232,6 +232,34 @@ fn a_replicated_sliding_counter_keeps_the_burst_bound_and_converges() {
 }
 
 #[test]
+fn a_home_out_of_reach_is_a_503_within_the_peer_timeout() {
+    let mut regions = Regions::start(3, DELAY_US, &["--peer-timeout-ms", "300"]);
+    regions.cut_off(2);
+    let url = regions.check_url(0);
+    let (mut answered, mut failed) = (0, 0);
+    for i in 0..30 {
+        let key = check(&fresh_key(&format!("home{i}")), "home");
+        let started = Instant::now();
+        let reply = post(&url, &[], &json!({ "checks": [key] }).to_string());
+        match reply.status {
+            200 => answered += 1,
+            503 => {
+                failed += 1;
+                // The peer timeout, and once more on a connection found dropped.
+                assert!(
+                    started.elapsed() < Duration::from_millis(2 * 300 + 500),
+                    "{reply:?}"
+                );
+            }
+            _ => panic!("{reply:?}"),
+        }
+    }
+    eprintln!("home with c cut off, 30 keys at a: {answered} answered, {failed} 503");
+    // About a third of the keys live in c: the filter's failure mode decides them.
+    assert!(failed > 0 && answered > 0, "{answered} answered, {failed} failed");
+}
+
+#[test]
 fn a_peer_out_of_reach_at_start_is_a_partition_that_heals() {
     let mut regions = Regions::start(3, DELAY_US, &[]);
     regions.kill_shim(0);
