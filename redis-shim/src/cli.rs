@@ -102,9 +102,11 @@ pub struct Args {
     #[arg(long, env = "RLSHIM_REGION")]
     pub region: Option<String>,
     /// Another region and its Redis, as NAME=REDIS_URL; once per other region. Checks
-    /// marked `home` or `replicated` use them (docs/REGIONS.md).
+    /// marked `home` or `replicated` use them (docs/REGIONS.md). In the environment,
+    /// several are separated by `;`.
     #[arg(
         long = "peer-region",
+        value_name = "NAME=REDIS_URL",
         env = "RLSHIM_PEER_REGIONS",
         value_delimiter = ';',
         requires = "region",
