@@ -151,9 +151,11 @@ function replicated.report(c, st, ctx, now)
   return remaining, reset_ms
 end
 
--- Until the window ends, or sooner when the peers confirm: the window's end is what the
--- count itself promises.
+-- When the count itself is full, until the window ends (when the sliding counter's
+-- previous window weighs less, at the latest); when only this region's share is spent, the
+-- shim's estimate of when the peers confirm it (ctx.renew_ms).
 function replicated.retry_after(c, st, ctx, now)
+  if math.floor(c.limit - known_count(c, st, now) + EPSILON) >= c.cost then return ctx.renew_ms end
   if c.name == 'fixed_window' then return ms_ceil(st.finish * 1000 - now) end
   return ms_ceil((st.start + c.period_ms) * 1000 - now)
 end

@@ -158,6 +158,13 @@ fn a_region_cut_off_spends_at_most_its_share_and_converges_when_healed() {
     // than its share of what it knew remained, ceil((100 - 15) / 3) = 29.
     assert!(total <= LIMIT + 29, "{total} admitted with c cut off");
     assert!(total >= LIMIT, "{total}: the majority carries on to the limit");
+    // c, its share spent, refuses while its own count has room: the wait it names is
+    // until its peers can confirm (at most the cut-off), not the window's end.
+    let answer = decide_at(&regions.check_url(2), std::slice::from_ref(&key));
+    let result = &answer["results"][0];
+    assert_eq!(answer["allowed"], false, "{answer}");
+    assert!(result["remaining"].as_u64().unwrap() > 0, "{answer}");
+    assert!(result["retry_after_ms"].as_u64().unwrap() <= 1_000, "{answer}");
     regions.heal(2);
     let took = converged(&regions, &key, total, Duration::from_secs(5));
     eprintln!("converged {took:?} after healing");

@@ -13,6 +13,7 @@ use crate::metrics::Metrics;
 use crate::store::redis_connection::RedisConfig;
 use crate::store::redis_store::RedisStore;
 use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -98,6 +99,8 @@ pub struct Peer {
     pub store: RedisStore,
     link: Mutex<Link>,
     pub metrics: PeerMetrics,
+    /// How long the last replication pass with it took, in milliseconds.
+    pass_ms: AtomicU64,
 }
 
 #[derive(Default)]
@@ -157,6 +160,7 @@ impl Regions {
                     store,
                     link: Mutex::default(),
                     metrics: PeerMetrics::default(),
+                    pass_ms: AtomicU64::new(0),
                 })
             })
             .collect::<Result<Vec<Peer>, String>>()?;
@@ -224,6 +228,26 @@ impl Regions {
         self.link(peer)
             .answered
             .is_some_and(|at| at.elapsed() <= self.cutoff)
+    }
+
+    /// When this region's share, spent now, is expected to renew: the peers apply and
+    /// confirm within about two passes (one reads our entries, one brings back their
+    /// confirmation). With a peer counted on out of reach, the cut-off.
+    pub fn renew_ms(&self) -> u64 {
+        let cutoff = u64::try_from(self.cutoff.as_millis()).unwrap_or(u64::MAX);
+        let slowest = self
+            .peers
+            .iter()
+            .map(|peer| peer.pass_ms.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0);
+        (2 * slowest + 2 * replicator::IDLE_MS).clamp(1, cutoff)
+    }
+
+    /// Notes how long a pass with `peer` took.
+    pub fn passed(&self, peer: usize, took: Duration) {
+        let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        self.peers[peer].pass_ms.store(ms, Ordering::Relaxed);
     }
 
     /// Notes a whole pass with `peer`: it has applied our stream up to `acked`.

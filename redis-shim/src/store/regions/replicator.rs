@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 
 /// Most entries read and applied in one pass.
 pub const PAGE: usize = 256;
-/// Pause after a pass that found the peer's stream read to its end.
-const IDLE: Duration = Duration::from_millis(10);
+/// Pause after a pass that found the peer's stream read to its end, in milliseconds.
+pub const IDLE_MS: u64 = 10;
+const IDLE: Duration = Duration::from_millis(IDLE_MS);
 /// Pause after a pass that failed.
 const AFTER_FAILURE: Duration = Duration::from_millis(100);
 /// How often the peer's stream is checked for entries trimmed before this region read
@@ -39,8 +40,10 @@ async fn replicate(local: Arc<RedisStore>, regions: Arc<Regions>, peer: usize) {
     let mut gap_checked = Instant::now();
     let mut gap_reported = (0, 0);
     loop {
+        let started = Instant::now();
         match pass(&local, &regions, peer).await {
             Ok(read) => {
+                regions.passed(peer, started.elapsed());
                 if failing.take().is_some() {
                     tracing::info!(peer = %name, "peer region answers again: replicating");
                 }

@@ -64,7 +64,8 @@ impl<'a> Routed<'a> {
             .arg(self.regions.own.as_str())
             .arg(names.as_str())
             .arg(self.regions.rank())
-            .arg(confirmed.as_str());
+            .arg(confirmed.as_str())
+            .arg(self.regions.renew_ms());
         for (key, check) in keys.iter().zip(checks) {
             let rung = if check.regions == Rung::Replicated {
                 "r"
