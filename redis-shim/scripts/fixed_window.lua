@@ -60,7 +60,8 @@ end
 
 function fixed_window.refund(key, c, amount, stamp, now)
   local stored = redis.call('HMGET', key, 'w', 'n')
-  if tonumber(stored[1]) ~= stamp then return end
+  -- Without `n`, not this algorithm's counter (a replicated one's): nothing to give back.
+  if tonumber(stored[1]) ~= stamp or not stored[2] then return end
   local used = (tonumber(stored[2]) or 0) - amount
   if used <= 0 then
     redis.call('DEL', key)

@@ -17,8 +17,10 @@
 -- counter), t = this region's spending on the key since the key was made, cf = the part
 -- of t confirmed, q and qi = a checkpoint (t when this region's entry qi was written), li
 -- = this region's last entry for the key}. Each charge appends the region's new
--- component to its stream (ctx.stream, in the same call): {k = key, w, c, p, x = when the
--- key expires, P = the period of a sliding window counter, 0 for a fixed window}. Peers apply the entry with apply.lua, absolute values, so an entry
+-- component to its stream (ctx.stream, in the same call): {s = the entry's number in the
+-- stream, k = key, w, c, p, x = when the key expires, P = the period of a sliding window
+-- counter, 0 for a fixed window}; a reader finds entries trimmed before it read them from
+-- a gap in the numbers. Peers apply the entry with apply.lua, absolute values, so an entry
 -- applied twice changes nothing.
 
 local replicated = {}
@@ -55,6 +57,11 @@ function replicated.load(key, c, ctx, now)
   local stored = redis.call('HMGET', key, unpack(fields))
   local start, finish = replicated_window(c, now)
   local stored_start = tonumber(stored[1])
+  if stored_start and stored_start > start then
+    -- A peer whose clock is ahead started the next window here: it is the window counted
+    -- (this region's spending goes to it), not one to wipe.
+    start, finish = replicated_window(c, stored_start * 1000)
+  end
   local st = {
     start = start, finish = finish, current = {}, previous = {},
     t = tonumber(stored[2]) or 0, cf = tonumber(stored[3]) or 0,
@@ -131,8 +138,9 @@ function replicated.charge(key, c, st, ctx, amount, now)
     keep = 2 * c.period_ms
     redis.call('SET', ctx.stream .. ':keep', keep)
   end
+  local seq = redis.call('INCR', ctx.stream .. ':seq')
   local id = redis.call('XADD', ctx.stream, 'MINID', '~', int(math.floor(now / 1000) - keep), '*',
-    'k', key, 'w', st.start, 'c', st.current[own], 'p', st.previous[own], 'x', st.finish,
+    's', seq, 'k', key, 'w', st.start, 'c', st.current[own], 'p', st.previous[own], 'x', st.finish,
     'P', c.name == 'sliding_window_counter' and c.period_ms or 0)
   st.li = id
   fields[#fields + 1] = 'li'

@@ -53,7 +53,6 @@ pub async fn run(
             &regions,
             &config.redis,
             &config.key_prefix,
-            &metrics,
         )?)),
         Some(_) => {
             tracing::info!("--region without --peer-region: every check counts in this region alone");

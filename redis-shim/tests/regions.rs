@@ -66,16 +66,16 @@ fn one(regions: &Regions, index: usize, check: &Value) -> (bool, u64) {
     )
 }
 
-/// Waits until every region reports `remaining` within one of `LIMIT - spent` with a
-/// check that spends nothing more (a peek: a check of cost `LIMIT` cannot be admitted
-/// once anything was spent, and its answer still reports `remaining`).
+/// Waits until every region reports `remaining` within one of `LIMIT - spent`, read
+/// without charging (`counters show`).
 fn converged(regions: &Regions, check: &Value, spent: u64, within: Duration) -> Duration {
     let started = Instant::now();
-    let mut peek = check.clone();
-    peek["cost"] = json!(LIMIT);
     let expected = LIMIT.saturating_sub(spent);
     wait_until("every region seeing every region's spending", within, || {
-        (0..regions.len()).all(|index| one(regions, index, &peek).1.abs_diff(expected) <= 1)
+        (0..regions.len()).all(|index| {
+            let shown = regions.show(index, check)["results"][0]["remaining"].as_u64();
+            shown.unwrap().abs_diff(expected) <= 1
+        })
     });
     started.elapsed()
 }
@@ -137,22 +137,7 @@ fn a_region_cut_off_spends_at_most_its_share_and_converges_when_healed() {
     converged(&regions, &key, 15, Duration::from_secs(5));
     regions.cut_off(2);
     // Traffic everywhere for 5 s while c is cut off.
-    let admitted = AtomicU64::new(0);
-    std::thread::scope(|scope| {
-        for index in 0..3 {
-            let (regions, key, admitted) = (&regions, &key, &admitted);
-            scope.spawn(move || {
-                let started = Instant::now();
-                while started.elapsed() < Duration::from_secs(5) {
-                    if one(regions, index, key).0 {
-                        admitted.fetch_add(1, Ordering::Relaxed);
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            });
-        }
-    });
-    let total = 15 + admitted.into_inner();
+    let total = 15 + traffic_everywhere(&regions, &key, Duration::from_secs(5));
     eprintln!("replicated, c cut off for 5 s: {total} admitted");
     // docs/REGIONS.md: the majority spends to the limit; the region cut off no more
     // than its share of what it knew remained, ceil((100 - 15) / 3) = 29.
@@ -171,9 +156,58 @@ fn a_region_cut_off_spends_at_most_its_share_and_converges_when_healed() {
     assert!(took < Duration::from_secs(3), "converged {took:?} after healing");
 }
 
+/// One check every 20 ms at each region for `duration`; how many were admitted.
+fn traffic_everywhere(regions: &Regions, key: &Value, duration: Duration) -> u64 {
+    let admitted = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for index in 0..regions.len() {
+            let admitted = &admitted;
+            scope.spawn(move || {
+                let started = Instant::now();
+                while started.elapsed() < duration {
+                    if one(regions, index, key).0 {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            });
+        }
+    });
+    admitted.into_inner()
+}
+
+#[test]
+fn a_link_cut_between_two_regions_holds_both_ends_to_their_shares() {
+    let mut regions = Regions::start(3, DELAY_US, &[]);
+    let key = check(&fresh_key("link"), "replicated");
+    regions.cut_between(0, 2);
+    // b reaches both a and c: neither may carry on without the other, since neither
+    // would see the other's spending.
+    let admitted = traffic_everywhere(&regions, &key, Duration::from_secs(4));
+    eprintln!("replicated, the link a-c cut for 4 s: {admitted} admitted");
+    // docs/REGIONS.md: a and c each spend at most their share beyond what b confirmed.
+    assert!(admitted <= LIMIT + 2 * LIMIT.div_ceil(3), "{admitted} admitted");
+    regions.heal_between(0, 2);
+    converged(&regions, &key, admitted, Duration::from_secs(5));
+}
+
+#[test]
+fn a_replicated_cost_over_one_regions_share_of_the_limit_is_refused() {
+    let regions = Regions::start(3, 0, &[]);
+    let mut heavy = check(&fresh_key("heavy"), "replicated");
+    heavy["cost"] = json!(LIMIT / 3 + 1);
+    let reply = post(
+        &regions.check_url(0),
+        &[],
+        &json!({ "checks": [heavy] }).to_string(),
+    );
+    assert_eq!(reply.status, 400, "{reply:?}");
+    assert!(reply.body.contains("checks[0].cost"), "{}", reply.body);
+}
+
 #[test]
 fn a_shim_killed_mid_run_loses_and_doubles_no_spending() {
-    let mut regions = Regions::start(3, DELAY_US, &["--admin-token", "admin"]);
+    let mut regions = Regions::start(3, DELAY_US, &[]);
     let key = check(&fresh_key("sigkill"), "replicated");
     let mut admitted = 0;
     for round in 0..6 {
@@ -208,16 +242,7 @@ fn a_shim_killed_mid_run_loses_and_doubles_no_spending() {
     // them, the same everywhere.
     let mut shown = Vec::new();
     for index in 0..regions.len() {
-        let url = regions
-            .check_url(index)
-            .replace("/v1/check", "/v1/admin/counters/show");
-        let reply = post(
-            &url,
-            &[("x-ratelimit-token", "admin")],
-            &json!({ "checks": [&key] }).to_string(),
-        );
-        assert_eq!(reply.status, 200, "{reply:?}");
-        let answer: Value = serde_json::from_str(&reply.body).unwrap();
+        let answer = regions.show(index, &key);
         let parts = answer["components"][0].as_array().unwrap().clone();
         let sum: u64 = parts.iter().map(|part| part[1].as_u64().unwrap()).sum();
         assert_eq!(sum, admitted, "{answer}");

@@ -19,6 +19,20 @@ pub fn crosses_regions(checks: &[Check]) -> bool {
     checks.iter().any(|check| !check.regions.is_independent())
 }
 
+/// Why `checks` cannot be decided across `regions`: a replicated check whose cost is
+/// more than one region's share of a whole limit would never be admitted.
+pub fn refused_across(regions: &Regions, checks: &[Check]) -> Option<String> {
+    let count = regions.count() as u64;
+    checks.iter().enumerate().find_map(|(i, check)| {
+        (check.regions == Rung::Replicated && check.cost > check.limit / count).then(|| {
+            format!(
+                "checks[{i}].cost: a replicated check's cost must be at most its limit over the {count} regions ({})",
+                check.limit / count
+            )
+        })
+    })
+}
+
 /// Decides `checks` (Redis keys `keys`) across `regions`.
 pub async fn decide_across(
     store: &AnyStore,

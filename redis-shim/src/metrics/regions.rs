@@ -21,7 +21,7 @@ pub struct PeerMetrics {
     /// Passes that failed (the peer or this region's Redis did not answer).
     failed_passes: AtomicU64,
     /// Entries the peer trimmed from its stream before this region read them.
-    gaps: AtomicU64,
+    missed: AtomicU64,
 }
 
 impl PeerMetrics {
@@ -43,8 +43,8 @@ impl PeerMetrics {
         self.failed_passes.fetch_add(1, Relaxed);
     }
 
-    pub fn gap(&self) {
-        self.gaps.fetch_add(1, Relaxed);
+    pub fn gap(&self, missed: u64) {
+        self.missed.fetch_add(missed, Relaxed);
     }
 
     /// Seconds since this region last held all of the peer's spending (since start,
@@ -83,9 +83,9 @@ impl PeerMetrics {
                 self.failed_passes.load(Relaxed).to_string(),
             ),
             (
-                "rlshim_region_replication_gaps_total",
+                "rlshim_region_missed_entries_total",
                 "counter",
-                self.gaps.load(Relaxed).to_string(),
+                self.missed.load(Relaxed).to_string(),
             ),
         ]
     }

@@ -95,6 +95,10 @@ pub struct Regions {
 
 pub const NAMES: [&str; 5] = ["a", "b", "c", "d", "e"];
 
+/// Every region's shim takes this admin token (`counters show` reads a state without
+/// charging it).
+pub const ADMIN_TOKEN: &str = "regions-admin";
+
 impl Regions {
     pub fn start(count: usize, delay_us: u64, extra_args: &[&str]) -> Regions {
         let redises: Vec<Redis> = (0..count).map(|_| Redis::start()).collect();
@@ -133,6 +137,7 @@ impl Regions {
             args.push("--peer-region".into());
             args.push(format!("{}={}", NAMES[*peer], link.url()));
         }
+        args.extend(["--admin-token".to_string(), ADMIN_TOKEN.to_string()]);
         args.extend(self.extra_args.iter().cloned());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let shim = ShimProcess::start(&region.redis.url(), &args);
@@ -145,6 +150,18 @@ impl Regions {
             shim.process.signal("KILL");
             let _ = shim.process.wait_exit(Duration::from_secs(10));
         }
+    }
+
+    /// The state of `check` at region `index`, charging nothing (the admin endpoint
+    /// `redis-shim counters show` calls): its answer.
+    pub fn show(&self, index: usize, check: &serde_json::Value) -> serde_json::Value {
+        let url = self
+            .check_url(index)
+            .replace("/v1/check", "/v1/admin/counters/show");
+        let body = serde_json::json!({ "checks": [check] }).to_string();
+        let reply = post(&url, &[("x-ratelimit-token", ADMIN_TOKEN)], &body);
+        assert_eq!(reply.status, 200, "{reply:?}");
+        serde_json::from_str(&reply.body).unwrap()
     }
 
     pub fn check_url(&self, index: usize) -> String {
@@ -164,10 +181,29 @@ impl Regions {
         self.each_link_of(index, Link::heal);
     }
 
-    fn each_link_of(&mut self, index: usize, mut act: impl FnMut(&mut Link)) {
+    /// Cuts the links between regions `one` and `other` only, both ways.
+    pub fn cut_between(&mut self, one: usize, other: usize) {
+        self.each_link(
+            |at, peer| (at, peer) == (one, other) || (at, peer) == (other, one),
+            Link::cut,
+        );
+    }
+
+    pub fn heal_between(&mut self, one: usize, other: usize) {
+        self.each_link(
+            |at, peer| (at, peer) == (one, other) || (at, peer) == (other, one),
+            Link::heal,
+        );
+    }
+
+    fn each_link_of(&mut self, index: usize, act: impl FnMut(&mut Link)) {
+        self.each_link(|at, peer| at == index || peer == index, act);
+    }
+
+    fn each_link(&mut self, chosen: impl Fn(usize, usize) -> bool, mut act: impl FnMut(&mut Link)) {
         for (at, region) in self.regions.iter_mut().enumerate() {
             for (peer, link) in &mut region.links {
-                if at == index || *peer == index {
+                if chosen(at, *peer) {
                     act(link);
                 }
             }

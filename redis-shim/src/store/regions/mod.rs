@@ -107,8 +107,10 @@ pub struct Peer {
 struct Link {
     /// The position of this region's stream the peer has applied.
     acked: Option<String>,
-    /// When the peer last answered a whole replication pass.
+    /// When the peer last answered a whole replication pass with its shims alive.
     answered: Option<Instant>,
+    /// The peers the peer's shims last said they reach.
+    reach: Vec<String>,
 }
 
 /// Where a key's count lives.
@@ -134,12 +136,7 @@ pub struct Regions {
 impl Regions {
     /// The regions of `config`, each peer's Redis connecting lazily (a peer down at start
     /// is a partition from the first second, not a failure to start).
-    pub fn connect(
-        config: &RegionsConfig,
-        local: &RedisConfig,
-        prefix: &str,
-        metrics: &Arc<Metrics>,
-    ) -> Result<Regions, String> {
+    pub fn connect(config: &RegionsConfig, local: &RedisConfig, prefix: &str) -> Result<Regions, String> {
         let mut names: Vec<String> = config.peers.iter().map(|(name, _)| name.clone()).collect();
         names.push(config.own.clone());
         names.sort();
@@ -153,7 +150,9 @@ impl Regions {
                     timeout: config.peer_timeout,
                     max_pending: local.max_pending,
                 };
-                let store = RedisStore::connect(&redis, metrics.clone())
+                // Its own metrics, unrendered: cross-region calls would skew the shim's
+                // Redis latency (the regions' own metrics are per peer).
+                let store = RedisStore::connect(&redis, Arc::new(Metrics::default()))
                     .map_err(|e| format!("--peer-region {name}: {e}"))?;
                 Ok(Peer {
                     name: name.clone(),
@@ -212,6 +211,11 @@ impl Regions {
         self.names.join(" ")
     }
 
+    /// How many regions there are, this one's included.
+    pub fn count(&self) -> usize {
+        self.names.len()
+    }
+
     pub fn rank(&self) -> usize {
         self.rank
     }
@@ -250,37 +254,80 @@ impl Regions {
         self.peers[peer].pass_ms.store(ms, Ordering::Relaxed);
     }
 
-    /// Notes a whole pass with `peer`: it has applied our stream up to `acked`.
-    pub fn answered(&self, peer: usize, acked: Option<String>) {
+    /// Notes a whole pass with `peer` whose shims are alive: it has applied our stream up
+    /// to `acked` (nothing, when it holds no position: its Redis lost it), and reaches the
+    /// regions named in `reach`.
+    pub fn answered(&self, peer: usize, acked: Option<String>, reach: Vec<String>) {
         let mut link = self.link(peer);
         link.answered = Some(Instant::now());
-        if acked.is_some() {
-            link.acked = acked;
-        }
+        link.acked = acked;
+        link.reach = reach;
     }
 
-    /// The position of this region's stream that every peer it counts on has applied:
-    /// the peers in reach when they and this region are a majority of the regions,
-    /// else every peer (a region cut off from the majority spends no more than its
-    /// share). `"0-0"` when some peer counted on has confirmed nothing.
-    pub fn confirmed(&self) -> String {
+    /// The peers this region counts on to confirm its spending. When it and the peers in
+    /// its reach are a majority of the regions, those peers, and every peer out of its
+    /// reach that one of them still reaches (a link cut between two regions, not a
+    /// region cut off: neither end may carry on without the other, or each would spend
+    /// the limit); otherwise every peer (a region cut off from the majority spends no
+    /// more than its share).
+    pub fn counted(&self) -> Vec<usize> {
         let reachable: Vec<usize> = (0..self.peers.len()).filter(|&p| self.reachable(p)).collect();
-        let majority = 2 * (reachable.len() + 1) > self.names.len();
-        let counted: Vec<usize> = if majority {
-            reachable
-        } else {
-            (0..self.peers.len()).collect()
-        };
+        if 2 * (reachable.len() + 1) <= self.names.len() {
+            return (0..self.peers.len()).collect();
+        }
+        let reported: Vec<Vec<String>> = reachable.iter().map(|&p| self.link(p).reach.clone()).collect();
+        (0..self.peers.len())
+            .filter(|&p| {
+                reachable.contains(&p) || reported.iter().any(|reach| reach.contains(&self.peers[p].name))
+            })
+            .collect()
+    }
+
+    /// The position of this region's stream that every peer it counts on ([`Self::counted`])
+    /// has applied; `"0-0"` when one of them has confirmed nothing.
+    pub fn confirmed(&self) -> String {
         let mut lowest: Option<(u64, u64, String)> = None;
-        for peer in counted {
+        for peer in self.counted() {
             let acked = self.link(peer).acked.clone().unwrap_or_else(|| "0-0".into());
             let id = parse_stream_id(&acked);
             if lowest.as_ref().is_none_or(|(ms, seq, _)| id < (*ms, *seq)) {
                 lowest = Some((id.0, id.1, acked));
             }
         }
-        // A lone region (every peer in reach but none counted) confirms all it spent.
+        // Every peer out of reach and dropped: all this region spent is confirmed.
         lowest.map_or_else(|| "18446744073709551615-0".into(), |(_, _, id)| id)
+    }
+
+    /// What this region's shims publish, for their peers, in this region's Redis: the
+    /// regions they know, and those they reach.
+    pub fn alive_value(&self) -> String {
+        let reach: Vec<&str> = (0..self.peers.len())
+            .filter(|&p| self.reachable(p))
+            .map(|p| self.peers[p].name.as_str())
+            .collect();
+        format!("{} {}", self.names.join(","), reach.join(","))
+    }
+
+    /// Where a region's shims publish [`Self::alive_value`], expiring unless renewed.
+    pub fn alive_key(&self) -> String {
+        format!("{}regions:alive", self.prefix)
+    }
+
+    /// The regions a peer's published value says it knows and reaches; `None` when it
+    /// names other regions than this shim does (a peer configured with another set).
+    pub fn read_alive(&self, value: &str) -> Option<Vec<String>> {
+        let (names, reach) = value.split_once(' ').unwrap_or((value, ""));
+        (names == self.names.join(",")).then(|| {
+            reach
+                .split(',')
+                .filter(|name| !name.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+    }
+
+    pub fn cutoff(&self) -> Duration {
+        self.cutoff
     }
 
     /// The regions' metrics, in the text exposition format.
@@ -349,7 +396,7 @@ mod tests {
             timeout: Duration::from_millis(50),
             max_pending: 16,
         };
-        Regions::connect(&config, &local, "rl:", &Arc::new(Metrics::default())).unwrap()
+        Regions::connect(&config, &local, "rl:").unwrap()
     }
 
     fn home_name(regions: &Regions, key: &str) -> String {
@@ -384,15 +431,29 @@ mod tests {
     async fn a_region_cut_off_from_the_majority_counts_on_every_peer() {
         let a = regions("a", &["b", "c"]);
         assert_eq!(a.confirmed(), "0-0", "nothing confirmed yet");
-        a.answered(0, Some("5-0".into()));
-        // b answered, c never did: a and b are two of three, so c is not waited for.
+        a.answered(0, Some("5-0".into()), vec![]);
+        // b answered, c never did, nor does b reach it: a and b are two of three, so c is
+        // not waited for.
         assert_eq!(a.confirmed(), "5-0");
-        let lone = regions("d", &["e", "f"]);
-        lone.answered(0, Some("7-0".into()));
-        let (ms, _) = parse_stream_id(&lone.confirmed());
-        assert_eq!(ms, 7);
+        // b reaches c: only the link between a and c is cut, and a waits for c.
+        a.answered(0, Some("5-0".into()), vec!["a".into(), "c".into()]);
+        assert_eq!(a.counted(), vec![0, 1]);
+        assert_eq!(a.confirmed(), "0-0");
         let two = regions("x", &["y"]);
         assert_eq!(two.confirmed(), "0-0", "of two regions, one alone is no majority");
+    }
+
+    #[tokio::test]
+    async fn a_peer_knowing_other_regions_is_not_read_as_alive() {
+        let a = regions("a", &["b", "c"]);
+        a.answered(0, Some("1-0".into()), vec![]);
+        assert_eq!(a.alive_value(), "a,b,c b");
+        assert_eq!(
+            a.read_alive("a,b,c a,c"),
+            Some(vec!["a".to_string(), "c".to_string()])
+        );
+        assert_eq!(a.read_alive("a,b,c "), Some(vec![]));
+        assert_eq!(a.read_alive("a,b a"), None);
     }
 
     #[test]

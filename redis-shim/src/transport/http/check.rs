@@ -6,7 +6,7 @@
 use super::endpoint::{error, Admitted, Refusal, Reply};
 use crate::decide::answer::respond;
 use crate::decide::decision;
-use crate::decide::regions::{crosses_regions, decide_across, note_without_peers};
+use crate::decide::regions::{crosses_regions, decide_across, note_without_peers, refused_across};
 use crate::metrics::RequestOutcome;
 use crate::transport::shim::Shim;
 use axum::http::StatusCode;
@@ -32,6 +32,13 @@ pub async fn check(request: Admitted) -> Reply {
 async fn decide_request(shim: &Shim, request: &CheckRequest) -> Result<CheckResponse, Refusal> {
     let _in_flight = shim.metrics.in_flight();
     request.validate().map_err(invalid_request)?;
+    if let Some(refused) = shim
+        .regions
+        .as_deref()
+        .and_then(|regions| refused_across(regions, &request.checks))
+    {
+        return Err(invalid_request(refused));
+    }
     let keys = shim
         .config
         .redis_keys(request.checks.iter().map(|check| check.key.as_str()));

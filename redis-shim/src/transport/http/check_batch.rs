@@ -7,7 +7,7 @@ use super::check::{answer_outcome, invalid_request, redis_failed};
 use crate::decide::adjustments::adjust_counters;
 use crate::decide::answer::respond;
 use crate::decide::decision::{self, DecideError, Decision};
-use crate::decide::regions::{crosses_regions, decide_across, note_without_peers};
+use crate::decide::regions::{crosses_regions, decide_across, note_without_peers, refused_across};
 use crate::metrics::RequestOutcome;
 use crate::store::cluster_nodes::moved_away;
 use crate::store::scripts::RequestChecks;
@@ -194,7 +194,17 @@ async fn decide_batch(shim: &Shim, requests: &[CheckRequest]) -> Vec<Result<Chec
         .collect();
     let validity: Vec<Result<(), Refusal>> = requests
         .iter()
-        .map(|request| request.validate().map_err(invalid_request))
+        .map(|request| {
+            request.validate().map_err(invalid_request)?;
+            match shim
+                .regions
+                .as_deref()
+                .and_then(|regions| refused_across(regions, &request.checks))
+            {
+                Some(refused) => Err(invalid_request(refused)),
+                None => Ok(()),
+            }
+        })
         .collect();
     // The valid requests by the script that can decide them together, and those that
     // need scripts of their own.
