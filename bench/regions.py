@@ -12,7 +12,7 @@ at one-way delays of 0 (the proxy alone), 10 and 40 ms. For each delay and each 
   (c) replicated only: traffic at every region (one check per 20 ms each) while region c
       is cut off for 5 s; what was admitted during it, and the time from healing until
       every region reports `remaining` within 1 of the limit minus everything admitted
-      (asked with a check of cost = limit, refused, charging nothing);
+      (read with `counters show`'s admin endpoint, charging nothing);
   (d) Redis work per check, every region's Redis summed, over 4 clients per region each
       making 100 checks on a key of its own: the time Redis spent executing the checks'
       commands (`INFO commandstats` usec of FCALL, which holds the commands a function
