@@ -316,3 +316,125 @@ fn the_example_envoy_rls_yaml_passes_envoy_validation() {
     let (valid, output) = envoy_validate(&repo_root().join("envoy-rls.yaml"));
     assert!(valid, "{output}");
 }
+
+/// `LIMITS` with the API key's limit at `per_day`.
+fn limits_with_api_key_at(per_day: u32) -> String {
+    LIMITS.replace(
+        "requests_per_unit: 3 }",
+        &format!("requests_per_unit: {per_day} }}"),
+    )
+}
+
+/// The shim with `--rls-config path` (a file, or a directory) and Envoy's native filter
+/// in front of it.
+fn rls_shim_and_envoy(redis: &Redis, path: &std::path::Path) -> (Shim, ClaimedPort, Upstream, Envoy) {
+    let grpc = claim_port();
+    let listen = format!("127.0.0.1:{}", grpc.port);
+    let shim = Shim::start(
+        &redis.url(),
+        &[
+            "--token",
+            TOKEN,
+            "--grpc-listen",
+            &listen,
+            "--rls-config",
+            path.to_str().unwrap(),
+        ],
+    );
+    let upstream = Upstream::start();
+    let envoy = Envoy::start_bootstrap(&envoy_config(grpc.port, upstream.port, true));
+    (shim, grpc, upstream, envoy)
+}
+
+/// Polls, each time with an API key not used before, until Envoy's `X-RateLimit-Limit`
+/// (the shim's `current_limit`) says `per_day`.
+fn wait_for_api_key_limit(envoy: &Envoy, per_day: u32) {
+    let expected = format!("{per_day}, {per_day};w=86400");
+    let mut probe = 0;
+    wait_until("the reloaded limit", Duration::from_secs(15), || {
+        probe += 1;
+        let reply = get(&envoy.url("/key"), &[("x-api-key", &format!("probe-{probe}"))]);
+        reply
+            .header("x-ratelimit-limit")
+            .is_some_and(|limit| limit.starts_with(&expected))
+    });
+}
+
+/// `rlshim_rls_config_reloads_total` of `outcome`.
+fn reloads(shim: &Shim, outcome: &str) -> u64 {
+    let series = format!("rlshim_rls_config_reloads_total{{outcome=\"{outcome}\"}} ");
+    get(&shim.url("/metrics"), &[])
+        .body
+        .lines()
+        .find_map(|line| line.strip_prefix(&series)?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series}"))
+}
+
+#[test]
+fn a_file_rewritten_in_place_applies_its_new_limit() {
+    let redis = Redis::start();
+    let file = scratch("rls-reload-file").join("limits.yaml");
+    fs::write(&file, limits_with_api_key_at(3)).unwrap();
+    let (shim, _grpc, _upstream, envoy) = rls_shim_and_envoy(&redis, &file);
+    wait_for_api_key_limit(&envoy, 3);
+
+    fs::write(&file, limits_with_api_key_at(5)).unwrap();
+    wait_for_api_key_limit(&envoy, 5);
+    let admitted: Vec<u16> = (0..6)
+        .map(|_| get(&envoy.url("/key"), &[("x-api-key", "after-reload")]).status)
+        .collect();
+    assert_eq!(admitted, [200, 200, 200, 200, 200, 429]);
+    assert_eq!((reloads(&shim, "ok"), reloads(&shim, "refused")), (1, 0));
+}
+
+#[test]
+fn a_directory_swapped_through_a_symlink_applies_its_new_limit() {
+    // A Kubernetes ConfigMap's volume, as upstream's deployments see it change: each
+    // file a link through `..data`, a link to the current version's directory, which
+    // is replaced by renaming a new link over it.
+    let dir = scratch("rls-reload-dir").join("config");
+    for (version, per_day) in [("..v1", 3), ("..v2", 7)] {
+        fs::create_dir_all(dir.join(version)).unwrap();
+        fs::write(
+            dir.join(version).join("limits.yaml"),
+            limits_with_api_key_at(per_day),
+        )
+        .unwrap();
+    }
+    std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/limits.yaml", dir.join("limits.yaml")).unwrap();
+    let redis = Redis::start();
+    let (shim, _grpc, _upstream, envoy) = rls_shim_and_envoy(&redis, &dir);
+    wait_for_api_key_limit(&envoy, 3);
+
+    std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
+    fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    wait_for_api_key_limit(&envoy, 7);
+    assert_eq!(reloads(&shim, "ok"), 1);
+}
+
+#[test]
+fn a_bad_rewrite_keeps_the_last_good_limit_and_counts_a_refused_reload() {
+    let redis = Redis::start();
+    let file = scratch("rls-reload-bad").join("limits.yaml");
+    fs::write(&file, limits_with_api_key_at(3)).unwrap();
+    let (shim, _grpc, _upstream, envoy) = rls_shim_and_envoy(&redis, &file);
+
+    let bad = limits_with_api_key_at(5).replace(
+        "  - key: remote_address\n",
+        "  - key: remote_address\n    quota_mode: true\n",
+    );
+    fs::write(&file, bad).unwrap();
+    wait_until("a refused reload", Duration::from_secs(15), || {
+        reloads(&shim, "refused") == 1
+    });
+    let kept: Vec<u16> = (0..4)
+        .map(|_| get(&envoy.url("/key"), &[("x-api-key", "kept")]).status)
+        .collect();
+    assert_eq!(
+        kept,
+        [200, 200, 200, 429],
+        "the last good limit, 3, still applies"
+    );
+    assert_eq!(reloads(&shim, "ok"), 0);
+}

@@ -6,6 +6,7 @@
 
 use clap::Parser;
 use redis_shim::cli::{Args, Command, LogFormat};
+use redis_shim::decide::rls::loading;
 use redis_shim::run;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
@@ -47,6 +48,13 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync
         tracing::error!("{refused}");
         return Err(refused.into());
     }
+    let config = args.shim_config();
+    // Every error of --rls-config, before anything listens (the gRPC listener loads it
+    // again when it binds, and keeps it current from then on).
+    if let Some(refused) = config.rls.as_ref().and_then(|rls| loading::check(rls).err()) {
+        tracing::error!("{refused}");
+        return Err(refused.into());
+    }
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let redacted: Vec<String> = args.redis_url.iter().map(|url| redact(url)).collect();
     tracing::info!(
@@ -55,7 +63,6 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync
         mode = ?args.redis_mode,
         "redis-shim listening"
     );
-    let config = args.shim_config();
     if let Err(e) = run(listener, config, shutdown_signal()).await {
         tracing::error!(error = %e, "redis-shim failed");
         return Err(e);

@@ -1,6 +1,6 @@
 //! The rate-limit service's metrics, in the shim's naming and rendered with the others
 //! on `GET /metrics`: `ShouldRateLimit` calls by outcome, descriptors by what they came
-//! to. Fixed label sets; each check sent to Redis also counts in `rlshim_checks_total`.
+//! to, and `--rls-config` reloads by outcome. Fixed label sets; each check sent to Redis also counts in `rlshim_checks_total`.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -55,6 +55,9 @@ const DESCRIPTOR_OUTCOMES: [(DescriptorOutcome, &str); 6] = [
 pub struct RlsMetrics {
     calls: [AtomicU64; CALL_OUTCOMES.len()],
     descriptors: [AtomicU64; DESCRIPTOR_OUTCOMES.len()],
+    /// `--rls-config` reloads: applied, and refused (the last good configuration kept).
+    reloads_ok: AtomicU64,
+    reloads_refused: AtomicU64,
 }
 
 impl RlsMetrics {
@@ -70,6 +73,16 @@ impl RlsMetrics {
             .position(|(o, _)| *o == outcome)
             .unwrap_or(0);
         self.descriptors[index].fetch_add(1, Relaxed);
+    }
+
+    /// Counts one reload of `--rls-config`: applied (`ok`), or refused for its errors.
+    pub fn reload(&self, ok: bool) {
+        let counter = if ok {
+            &self.reloads_ok
+        } else {
+            &self.reloads_refused
+        };
+        counter.fetch_add(1, Relaxed);
     }
 
     pub fn render(&self, out: &mut String) {
@@ -88,6 +101,17 @@ impl RlsMetrics {
         for (i, (_, name)) in DESCRIPTOR_OUTCOMES.iter().enumerate() {
             let value = self.descriptors[i].load(Relaxed);
             let _ = writeln!(out, "rlshim_rls_descriptors_total{{outcome=\"{name}\"}} {value}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP rlshim_rls_config_reloads_total Changes of --rls-config loaded while serving: ok (applied), refused (the last good configuration kept).\n# TYPE rlshim_rls_config_reloads_total counter"
+        );
+        for (name, counter) in [("ok", &self.reloads_ok), ("refused", &self.reloads_refused)] {
+            let value = counter.load(Relaxed);
+            let _ = writeln!(
+                out,
+                "rlshim_rls_config_reloads_total{{outcome=\"{name}\"}} {value}"
+            );
         }
     }
 }

@@ -73,35 +73,46 @@ pub fn no_filter_config(_: &str, _: &Limit, _: &Position, at: &str) -> Result<Sh
 }
 
 /// Loads `path`: a file, or every `.yaml`/`.yml` file of a directory (in name order),
-/// each `filter_rule` linked by `share`.
-pub fn load(path: &Path, share: &ShareRule) -> Result<RlsConfig, String> {
-    let files = if path.is_dir() {
-        let mut files: Vec<_> = std::fs::read_dir(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?
-            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-            .filter(|file| {
-                file.is_file() && file.extension().is_some_and(|ext| ext == "yaml" || ext == "yml")
-            })
-            .collect();
-        files.sort();
-        if files.is_empty() {
-            return Err(format!(
-                "{}: no .yaml or .yml file in the directory",
-                path.display()
-            ));
-        }
-        files
-    } else {
-        vec![path.to_path_buf()]
-    };
+/// each `filter_rule` linked by `share`. Every file is read, so that the error names
+/// each file refused (each with its first error, `file: path.in.yaml: why`), not only
+/// the first one.
+pub fn load(path: &Path, share: &ShareRule) -> Result<RlsConfig, Vec<String>> {
     let mut config = RlsConfig::default();
-    for file in files {
-        let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-        config
-            .add_file_sharing(&text, share)
-            .map_err(|e| format!("{}: {e}", file.display()))?;
+    let mut errors = Vec::new();
+    for file in config_files(path).map_err(|e| vec![e])? {
+        let added = std::fs::read_to_string(&file)
+            .map_err(|e| e.to_string())
+            .and_then(|text| config.add_file_sharing(&text, share));
+        if let Err(e) = added {
+            errors.push(format!("{}: {e}", file.display()));
+        }
     }
-    Ok(config)
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(errors)
+    }
+}
+
+/// The files `path` names: itself, or every `.yaml`/`.yml` file of the directory, in
+/// name order (symbolic links followed, as a Kubernetes ConfigMap's files are).
+pub fn config_files(path: &Path) -> Result<Vec<std::path::PathBuf>, String> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files: Vec<_> = std::fs::read_dir(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|file| file.is_file() && file.extension().is_some_and(|ext| ext == "yaml" || ext == "yml"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(format!(
+            "{}: no .yaml or .yml file in the directory",
+            path.display()
+        ));
+    }
+    Ok(files)
 }
 
 impl RlsConfig {

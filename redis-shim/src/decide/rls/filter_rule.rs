@@ -21,15 +21,16 @@ use std::path::Path;
 /// The descriptor entry Envoy's `remote_address` action writes: the client's IP.
 pub const REMOTE_ADDRESS: &str = "remote_address";
 
-/// `--rls-config` ([`config::load`]) with its `filter_rule`s linked to `filter`'s rules.
-pub fn load(path: &Path, filter: Option<&FilterConfig>) -> Result<RlsConfig, String> {
+/// `--rls-config` ([`config::load`]) with its `filter_rule`s linked to `filter`'s rules:
+/// every error found, each naming its file (or the files together, for a rule shared twice).
+pub fn load(path: &Path, filter: Option<&FilterConfig>) -> Result<RlsConfig, Vec<String>> {
     let config = match filter {
         Some(filter) => config::load(path, &|rule, limit, position, at| {
             share(filter, rule, limit, position, at)
         })?,
         None => config::load(path, &config::no_filter_config)?,
     };
-    check_each_rule_shared_once(&config)?;
+    check_each_rule_shared_once(&config).map_err(|e| vec![e])?;
     Ok(config)
 }
 

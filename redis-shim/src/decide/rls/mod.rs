@@ -9,6 +9,7 @@
 //! - [`counter_key`]: its counter's Redis key, hashed;
 //! - [`filter_rule`]: a limit sharing a Wasm filter rule's counter (mixed fleets), as
 //!   [`shared`] records it;
+//! - [`loading`]: the whole configuration loaded, with every file's error;
 //! - [`plan`]: a request into checks, and their results into the answer (no I/O).
 //!
 //! The gRPC service that asks them is transport (`transport::grpc::rls`), its
@@ -18,6 +19,7 @@
 pub mod config;
 pub mod counter_key;
 pub mod filter_rule;
+pub mod loading;
 pub mod matching;
 pub mod plan;
 pub mod shared;

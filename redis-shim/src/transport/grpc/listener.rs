@@ -1,10 +1,12 @@
 //! The gRPC listener (`--grpc-listen`): Envoy's rate-limit service ([`crate::decide::rls`]) and
 //! its quota service ([`crate::decide::rlqs`]) on one port, both deciding against the limits of
 //! `--rls-config`. [`prepare`] loads that configuration (refusing at start what it cannot
-//! run), binds the listener and routes both services; [`crate::server`] serves them.
+//! run, every error of every file at once), binds the listener, routes both services
+//! and keeps the configuration current ([`reload`]); [`crate::server`] serves them.
 
-use crate::decide::rls::{config, filter_rule};
+use crate::decide::rls::loading;
 use crate::transport::config::RlsOptions;
+use crate::transport::grpc::reload::{self, LiveConfig};
 use crate::transport::grpc::rlqs::RlqsService;
 use crate::transport::grpc::rls::RlsService;
 use crate::transport::grpc::server::{RateLimitQuotaServer, RateLimitServer, Routed};
@@ -24,7 +26,13 @@ pub async fn prepare(
     shim: Arc<Shim>,
     stop: watch::Receiver<bool>,
 ) -> Result<(TcpListener, Router), Box<dyn std::error::Error + Send + Sync>> {
-    let config = load_config(options)?;
+    let seen = loading::snapshot(options);
+    let config = loading::load(options).map_err(|errors| loading::describe(&errors))?;
+    if options.filter_config_path.is_some() && config.limits().iter().all(|limit| limit.shared.is_none()) {
+        tracing::warn!(
+            "--rls-filter-config is given but no rate_limit names a filter_rule: nothing is shared"
+        );
+    }
     for limit in config.limits() {
         if limit.detailed_metric {
             tracing::warn!(
@@ -44,7 +52,8 @@ pub async fn prepare(
         domains = config.domains.len(),
         "rate-limit and quota services listening"
     );
-    let config = Arc::new(config);
+    let config = Arc::new(LiveConfig::new(config));
+    reload::watch(options.clone(), seen, config.clone(), shim.clone(), stop.clone());
     let rls = RlsService {
         shim: shim.clone(),
         config: config.clone(),
@@ -53,23 +62,4 @@ pub async fn prepare(
     let routes = Routes::new(Routed(RateLimitServer(Arc::new(rls))))
         .add_service(Routed(RateLimitQuotaServer(Arc::new(rlqs))));
     Ok((listener, routes.into_axum_router()))
-}
-
-/// `--rls-config`, with `--rls-filter-config` for the `filter_rule`s it names. Not async:
-/// the filter's configuration is not `Send` and is dropped once the limits are linked.
-fn load_config(options: &RlsOptions) -> Result<config::RlsConfig, String> {
-    let filter = match &options.filter_config_path {
-        Some(path) => {
-            Some(filter_rule::load_filter_config(path).map_err(|e| format!("--rls-filter-config: {e}"))?)
-        }
-        None => None,
-    };
-    let config =
-        filter_rule::load(&options.config_path, filter.as_ref()).map_err(|e| format!("--rls-config: {e}"))?;
-    if filter.is_some() && config.limits().iter().all(|limit| limit.shared.is_none()) {
-        tracing::warn!(
-            "--rls-filter-config is given but no rate_limit names a filter_rule: nothing is shared"
-        );
-    }
-    Ok(config)
 }

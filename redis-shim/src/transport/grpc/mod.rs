@@ -1,9 +1,10 @@
 //! Envoy's gRPC services on `--grpc-listen`: [`listener`] loads `--rls-config` and binds
-//! the port, [`server`] routes each service's method as tonic does, [`rls`] answers
+//! the port, [`reload`] keeps it current, [`server`] routes each service's method as tonic does, [`rls`] answers
 //! `ShouldRateLimit`, and [`rlqs`] serves the quota streams, each a [`rlqs_session`].
 //! Both decide as the HTTP checks do ([`crate::decide`]), never through the HTTP files.
 
 pub mod listener;
+pub mod reload;
 pub mod rlqs;
 pub mod rlqs_session;
 pub mod rls;

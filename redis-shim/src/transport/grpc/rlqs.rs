@@ -7,8 +7,8 @@
 
 use super::presented_token;
 use super::rlqs_session::Session;
-use crate::decide::rls::config::RlsConfig;
 use crate::envoy_api::messages::quota::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+use crate::transport::grpc::reload::LiveConfig;
 use crate::transport::shim::Shim;
 use ratelimit_wire::TOKEN_HEADER;
 use std::sync::Arc;
@@ -21,12 +21,12 @@ pub const MAX_STREAMS: usize = 4096;
 
 pub struct RlqsService {
     shim: Arc<Shim>,
-    config: Arc<RlsConfig>,
+    config: Arc<LiveConfig>,
     stop: watch::Receiver<bool>,
 }
 
 impl RlqsService {
-    pub fn new(shim: Arc<Shim>, config: Arc<RlsConfig>, stop: watch::Receiver<bool>) -> RlqsService {
+    pub fn new(shim: Arc<Shim>, config: Arc<LiveConfig>, stop: watch::Receiver<bool>) -> RlqsService {
         RlqsService { shim, config, stop }
     }
 }

@@ -12,8 +12,8 @@ use crate::decide::decision;
 use crate::decide::rlqs::assignment;
 use crate::decide::rlqs::bucket::{bucket_key, bucket_limit, BucketKey, BucketLimit};
 use crate::decide::rlqs::ledger::{Ledger, Next, ASSIGNMENT_TTL_MS, ENVOY_REPORT_INTERVAL_MS};
-use crate::decide::rls::config::RlsConfig;
 use crate::envoy_api::messages::quota::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+use crate::transport::grpc::reload::LiveConfig;
 use crate::transport::log_once::OncePerKey;
 use crate::transport::shim::Shim;
 use futures_util::future::join_all;
@@ -36,13 +36,13 @@ struct Tracked {
 /// A stream's state.
 pub struct Session {
     shim: Arc<Shim>,
-    config: Arc<RlsConfig>,
+    config: Arc<LiveConfig>,
     domain: Option<String>,
     buckets: HashMap<BucketKey, Tracked>,
 }
 
 impl Session {
-    pub fn new(shim: Arc<Shim>, config: Arc<RlsConfig>) -> Session {
+    pub fn new(shim: Arc<Shim>, config: Arc<LiveConfig>) -> Session {
         Session {
             shim,
             config,
@@ -84,7 +84,7 @@ impl Session {
                     metrics.bucket_refused();
                     continue;
                 }
-                let limit = bucket_limit(&self.config, &domain, &key);
+                let limit = bucket_limit(&self.config.current(), &domain, &key);
                 warn_once_if_too_short(&limit);
                 self.buckets.insert(
                     key.clone(),

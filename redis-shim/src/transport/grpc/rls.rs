@@ -9,22 +9,23 @@ use super::presented_token;
 use crate::decide::answer::respond;
 use crate::decide::clock::now_ms;
 use crate::decide::decision;
-use crate::decide::rls::config::RlsConfig;
 use crate::decide::rls::plan::{answer, plan, Plan, Planned};
 use crate::envoy_api::messages::ratelimit::{Code, RateLimitRequest, RateLimitResponse};
 use crate::metrics::rls::{CallOutcome, DescriptorOutcome};
 use crate::store::scripts::Mode;
 use crate::store::{check_group, Store, StoreError};
 use crate::transport::admission::OVERLOADED;
+use crate::transport::grpc::reload::LiveConfig;
 use crate::transport::shim::Shim;
 use ratelimit_wire::{Check, CheckRequest, CheckResult, TOKEN_HEADER};
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
-/// The service: the shim's store, bounds and metrics, and the loaded configuration.
+/// The service: the shim's store, bounds and metrics, and the configuration (each call
+/// decided by the one current when it arrives).
 pub struct RlsService {
     pub shim: Arc<Shim>,
-    pub config: Arc<RlsConfig>,
+    pub config: Arc<LiveConfig>,
 }
 
 impl RlsService {
@@ -45,7 +46,7 @@ impl RlsService {
         };
         let _in_flight = self.shim.metrics.in_flight();
         let request = request.into_inner();
-        let plan = plan(&self.config, &request).map_err(|message| {
+        let plan = plan(&self.config.current(), &request).map_err(|message| {
             rls.call(CallOutcome::Invalid);
             Status::invalid_argument(message)
         })?;

@@ -1,0 +1,87 @@
+//! `--rls-config` refused at start with every file's error: a directory of two bad files
+//! and a good one is refused naming both files and their fields, by `redis_shim::run`
+//! and by the binary, which says so before it logs that it listens.
+
+mod support;
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+use support::*;
+
+/// A directory of three files: `a-quota.yaml` (an unsupported field), `b-good.yaml`, and
+/// `c-unit.yaml` (a unit it does not know, two levels down).
+fn two_bad_files_and_a_good_one() -> PathBuf {
+    let dir = scratch("rls-config").join("config");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(
+        dir.join("a-quota.yaml"),
+        "domain: one\ndescriptors:\n  - key: api_key\n    quota_mode: true\n    rate_limit: { unit: day, requests_per_unit: 3 }\n",
+    )
+    .unwrap();
+    fs::write(
+        dir.join("b-good.yaml"),
+        "domain: two\ndescriptors:\n  - key: api_key\n    rate_limit: { unit: day, requests_per_unit: 3 }\n",
+    )
+    .unwrap();
+    fs::write(
+        dir.join("c-unit.yaml"),
+        "domain: three\ndescriptors:\n  - key: tenant\n    descriptors:\n      - key: user\n        rate_limit: { unit: fortnight, requests_per_unit: 3 }\n",
+    )
+    .unwrap();
+    dir
+}
+
+fn assert_names_both(refused: &str) {
+    assert!(refused.contains("2 errors"), "{refused}");
+    assert!(
+        refused.contains("a-quota.yaml: descriptors[0].quota_mode: not supported"),
+        "{refused}"
+    );
+    assert!(
+        refused.contains("c-unit.yaml: descriptors[0].descriptors[0].rate_limit.unit"),
+        "{refused}"
+    );
+    assert!(!refused.contains("b-good.yaml"), "{refused}");
+}
+
+#[test]
+fn every_bad_file_is_named_with_its_field_when_run_refuses() {
+    let dir = two_bad_files_and_a_good_one();
+    let refused = Shim::refusal(&[
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--rls-config",
+        dir.to_str().unwrap(),
+    ]);
+    assert_names_both(&refused);
+}
+
+#[test]
+fn the_binary_refuses_every_bad_file_before_it_listens() {
+    let dir = two_bad_files_and_a_good_one();
+    let mut process = Process::spawn(
+        Command::new(shim_path()).args([
+            "--listen",
+            "127.0.0.1:0",
+            "--redis-url",
+            "redis://127.0.0.1:1",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--rls-config",
+            dir.to_str().unwrap(),
+        ]),
+        scratch("rls-config-binary").join("shim.log"),
+    );
+    let status = process
+        .wait_exit(Duration::from_secs(20))
+        .expect("the shim refuses to start");
+    let log = process.log_text();
+    assert!(!status.success(), "{log}");
+    assert_names_both(&log);
+    assert!(
+        !log.contains("listening"),
+        "nothing listens before the refusal:\n{log}"
+    );
+}
