@@ -47,6 +47,7 @@ pinned() {
             echo "$version" ;;
         cargo-fuzz) echo 0.13.2 ;;
         openai) echo 3.63.0 ;;
+        anthropic) echo 2.17.0 ;;
         ratelimit-headers) echo 0.1.0 ;;
         urllib3) echo 2.8.0 ;;
         ratelimit-header-parser) echo 0.1.0 ;;

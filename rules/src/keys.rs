@@ -18,6 +18,9 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::net::{IpAddr, SocketAddr};
 
+mod api_key;
+pub use api_key::{bearer_token, describe_sources, read_api_key, ApiKeySource, MAX_API_KEY_SOURCES};
+
 /// Longest constant or claim name a key part may hold.
 const MAX_PART_LEN: usize = 128;
 
@@ -38,11 +41,22 @@ pub enum KeyPart {
     Method,
     /// A fixed value: every request shares the counter (a global limit).
     Constant(String),
+    /// An API key from the first of these places that holds one (`x-api-key`, then
+    /// `Authorization: Bearer <key>`, say): only the key, keyed as a header's value is.
+    ApiKey(Vec<ApiKeySource>),
 }
 
 impl KeyPart {
-    /// Validates and normalises a configured key part.
-    pub(crate) fn compile(self) -> Result<KeyPart, String> {
+    /// Validates and normalises a configured key part; an error is the field within the
+    /// part (`""`, or `.api_key[1]`) and why.
+    pub(crate) fn compile(self) -> Result<KeyPart, (String, String)> {
+        match self {
+            KeyPart::ApiKey(sources) => api_key::compile_sources(sources).map(KeyPart::ApiKey),
+            part => part.compile_single().map_err(|reason| (String::new(), reason)),
+        }
+    }
+
+    fn compile_single(self) -> Result<KeyPart, String> {
         match self {
             KeyPart::Header(name) => {
                 if !is_header_name(&name) {
@@ -69,13 +83,15 @@ impl KeyPart {
                 }
                 Ok(KeyPart::Constant(value))
             }
-            part @ (KeyPart::ClientIp | KeyPart::Path | KeyPart::Method) => Ok(part),
+            part => Ok(part),
         }
     }
 
     fn tag(&self) -> u8 {
         match self {
-            KeyPart::Header(_) => b'h',
+            // An API key is a header's value (or the token in one): a rule moving from
+            // `{ "header": "x-api-key" }` to `api_key` keeps its clients' counters.
+            KeyPart::Header(_) | KeyPart::ApiKey(_) => b'h',
             KeyPart::ClientIp => b'i',
             KeyPart::JwtClaim(_) => b'j',
             KeyPart::Path => b'p',
@@ -101,6 +117,7 @@ pub fn part_value(
         }
         KeyPart::Method => request.method()?,
         KeyPart::Constant(value) => value.clone(),
+        KeyPart::ApiKey(sources) => read_api_key(sources, request)?,
     };
     (!value.is_empty()).then_some(value)
 }

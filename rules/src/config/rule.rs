@@ -215,7 +215,7 @@ impl RawRule {
             .enumerate()
             .map(|(i, part)| {
                 part.compile()
-                    .map_err(|reason| ConfigError::new(format!("{at}.key[{i}]"), reason))
+                    .map_err(|(within, reason)| ConfigError::new(format!("{at}.key[{i}]{within}"), reason))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let matcher = compile_match(&field("match"), self.matcher)?;
@@ -345,7 +345,7 @@ impl RawTier {
         };
         let source = source
             .compile()
-            .map_err(|reason| ConfigError::new(format!("{at}.when"), reason))?;
+            .map_err(|(_, reason)| ConfigError::new(format!("{at}.when"), reason))?;
         let test = match (when.equals, when.prefix) {
             (Some(value), None) => ValueTest::Equals(value),
             (None, Some(prefix)) if !prefix.is_empty() => ValueTest::Prefix(prefix),

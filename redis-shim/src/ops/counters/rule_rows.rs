@@ -34,6 +34,10 @@ fn describe(part: &KeyPart) -> String {
         KeyPart::Path => "path".into(),
         KeyPart::Method => "method".into(),
         KeyPart::Constant(_) => "constant".into(),
+        KeyPart::ApiKey(sources) => format!(
+            "API key ({}: --header NAME=...)",
+            ratelimit_rules::keys::describe_sources(sources)
+        ),
     }
 }
 
