@@ -1,6 +1,7 @@
 //! [`RedisStore`]: the [`Store`] on a standalone Redis or a Redis Cluster, chosen by
 //! configuration (the operations readiness and the admin endpoints need are in
-//! `admin_ops`).
+//! `admin_ops`, the plain commands the replication between regions needs in
+//! `plain_commands`).
 //!
 //! Standalone or cluster, the connection is multiplexed: every concurrent check shares
 //! one connection (one per cluster node), its commands pipelined, and a handle is a
@@ -25,6 +26,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 mod admin_ops;
+mod plain_commands;
 
 /// The connection in use and when it was opened.
 struct Current {
@@ -108,51 +110,6 @@ impl RedisStore {
             }
             Err(e) => tracing::error!(error = %e, "cannot open a new redis connection"),
         }
-    }
-
-    pub(crate) fn library(&self) -> &Library {
-        &self.library
-    }
-
-    /// Calls one of the library's functions (regions' calls: `crate::store::regions`).
-    pub(crate) async fn call_function<T: FromRedisValue + Send>(
-        &self,
-        call: &FunctionCall<'_>,
-    ) -> Result<T, StoreError> {
-        self.invoke(call).await
-    }
-
-    /// One plain command (a standalone Redis), within the Redis timeout: what the
-    /// replication between regions reads and writes besides its function.
-    pub(crate) async fn command<T: FromRedisValue + Send>(&self, command: &Cmd) -> Result<T, StoreError> {
-        let (connection, generation) = self.connection();
-        let Connection::Standalone(mut manager) = connection else {
-            return Err(StoreError::Unsupported(
-                "regions run on a standalone Redis".into(),
-            ));
-        };
-        self.bounded(generation, self.config.timeout, command.query_async(&mut manager))
-            .await
-    }
-
-    /// Several plain commands in one round trip (a standalone Redis), within the Redis
-    /// timeout.
-    pub(crate) async fn pipeline<T: FromRedisValue + Send>(
-        &self,
-        pipeline: &redis::Pipeline,
-    ) -> Result<T, StoreError> {
-        let (connection, generation) = self.connection();
-        let Connection::Standalone(mut manager) = connection else {
-            return Err(StoreError::Unsupported(
-                "regions run on a standalone Redis".into(),
-            ));
-        };
-        self.bounded(
-            generation,
-            self.config.timeout,
-            pipeline.query_async(&mut manager),
-        )
-        .await
     }
 
     pub fn is_cluster(&self) -> bool {
