@@ -51,7 +51,11 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync
     let config = args.shim_config();
     // Every error of --rls-config, before anything listens (the gRPC listener loads it
     // again when it binds, and keeps it current from then on).
-    if let Some(refused) = config.rls.as_ref().and_then(|rls| loading::check(rls).err()) {
+    if let Some(refused) = config
+        .rls
+        .as_ref()
+        .and_then(|rls| loading::check(&rls.files()).err())
+    {
         tracing::error!("{refused}");
         return Err(refused.into());
     }

@@ -1,6 +1,7 @@
 //! What the shim runs with: [`ShimConfig`], and the checks that refuse a configuration
 //! the shim cannot run safely with before anything is served.
 
+use crate::decide::rls::loading::ConfigFiles;
 use crate::store::redis_connection::RedisConfig;
 use crate::store::regions::RegionFlags;
 use std::net::SocketAddr;
@@ -48,6 +49,16 @@ pub struct RlsOptions {
     pub config_path: PathBuf,
     /// The Wasm filter's plugin configuration, for limits sharing its rules' counters.
     pub filter_config_path: Option<PathBuf>,
+}
+
+impl RlsOptions {
+    /// The files the service's configuration is read from.
+    pub fn files(&self) -> ConfigFiles {
+        ConfigFiles {
+            config_path: self.config_path.clone(),
+            filter_config_path: self.filter_config_path.clone(),
+        }
+    }
 }
 
 impl ShimConfig {

@@ -4,13 +4,20 @@
 //! message; [`snapshot`] is what the files hold, to see that they changed.
 
 use super::{config, filter_rule};
-use crate::transport::config::RlsOptions;
 use std::path::PathBuf;
+
+/// The files the rate-limit service is configured from: `--rls-config` (a file or a
+/// directory) and `--rls-filter-config`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigFiles {
+    pub config_path: PathBuf,
+    pub filter_config_path: Option<PathBuf>,
+}
 
 /// `--rls-config`, with `--rls-filter-config` for the `filter_rule`s it names, or every
 /// error found in them, each naming its file. Not async: the filter's configuration is
 /// not `Send` and is dropped once the limits are linked.
-pub fn load(options: &RlsOptions) -> Result<config::RlsConfig, Vec<String>> {
+pub fn load(options: &ConfigFiles) -> Result<config::RlsConfig, Vec<String>> {
     let filter = match &options.filter_config_path {
         Some(path) => Some(
             filter_rule::load_filter_config(path).map_err(|e| vec![format!("--rls-filter-config: {e}")])?,
@@ -35,7 +42,7 @@ pub type Snapshot = Vec<(PathBuf, Result<Vec<u8>, String>)>;
 
 /// What the configuration's files hold now: each file's path and contents (or why it
 /// could not be read), the filter's configuration last.
-pub fn snapshot(options: &RlsOptions) -> Snapshot {
+pub fn snapshot(options: &ConfigFiles) -> Snapshot {
     let mut files = match config::config_files(&options.config_path) {
         Ok(files) => files,
         Err(e) => return vec![(options.config_path.clone(), Err(e))],
@@ -52,7 +59,7 @@ pub fn snapshot(options: &RlsOptions) -> Snapshot {
 
 /// Refuses a `--rls-config` the shim cannot run, with every error of every file
 /// ([`describe`]): the binary checks this before it binds any listener.
-pub fn check(options: &RlsOptions) -> Result<(), String> {
+pub fn check(options: &ConfigFiles) -> Result<(), String> {
     load(options).map(drop).map_err(|errors| describe(&errors))
 }
 
@@ -60,9 +67,8 @@ pub fn check(options: &RlsOptions) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn options(dir: &std::path::Path) -> RlsOptions {
-        RlsOptions {
-            listen: "127.0.0.1:0".parse().unwrap(),
+    fn options(dir: &std::path::Path) -> ConfigFiles {
+        ConfigFiles {
             config_path: dir.to_path_buf(),
             filter_config_path: None,
         }

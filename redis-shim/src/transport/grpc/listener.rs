@@ -26,8 +26,8 @@ pub async fn prepare(
     shim: Arc<Shim>,
     stop: watch::Receiver<bool>,
 ) -> Result<(TcpListener, Router), Box<dyn std::error::Error + Send + Sync>> {
-    let seen = loading::snapshot(options);
-    let config = loading::load(options).map_err(|errors| loading::describe(&errors))?;
+    let seen = loading::snapshot(&options.files());
+    let config = loading::load(&options.files()).map_err(|errors| loading::describe(&errors))?;
     if options.filter_config_path.is_some() && config.limits().iter().all(|limit| limit.shared.is_none()) {
         tracing::warn!(
             "--rls-filter-config is given but no rate_limit names a filter_rule: nothing is shared"

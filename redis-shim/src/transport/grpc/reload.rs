@@ -64,7 +64,8 @@ pub fn watch(
                 _ = stop.wait_for(|stopped| *stopped) => return,
             }
             let polled = options.clone();
-            let Ok(now) = tokio::task::spawn_blocking(move || loading::snapshot(&polled)).await else {
+            let Ok(now) = tokio::task::spawn_blocking(move || loading::snapshot(&polled.files())).await
+            else {
                 return;
             };
             if now == seen {
@@ -72,7 +73,7 @@ pub fn watch(
             }
             seen = now;
             let polled = options.clone();
-            let Ok(loaded) = tokio::task::spawn_blocking(move || load(&polled)).await else {
+            let Ok(loaded) = tokio::task::spawn_blocking(move || load(&polled.files())).await else {
                 return;
             };
             match loaded {
