@@ -26,13 +26,15 @@ import argparse
 import http.client
 import json
 import re
-import socket
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import OUT, ROOT, Processes, Redis, Shim  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from resp import RespClient, resp  # noqa: E402  (scripts/resp.py)
 
 FLOORS = ROOT / "bench" / "floor"
 # Every check admits: the floors charge unconditionally. The log's limit is its cap
@@ -45,50 +47,6 @@ ALGORITHMS = {
 }
 KEY_POOL = 2000
 BATCH_SIZES = (10, 1)
-
-
-def resp(*args):
-    out = [f"*{len(args)}\r\n".encode()]
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
-
-
-class RespClient:
-    """Just enough RESP to send commands and skip or read their replies."""
-
-    def __init__(self, port):
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.file = self.sock.makefile("rb")
-
-    def call(self, *args):
-        self.sock.sendall(resp(*args))
-        return self.read()
-
-    def read(self):
-        line = self.file.readline().rstrip(b"\r\n")
-        kind, rest = line[:1], line[1:]
-        if kind in (b"+", b":"):
-            return rest.decode()
-        if kind == b"-":
-            raise RuntimeError(rest.decode())
-        if kind == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            data = self.file.read(n + 2)[:-2]
-            return data.decode()
-        if kind == b"*":
-            return [self.read() for _ in range(int(rest))]
-        raise RuntimeError(f"unexpected reply {line!r}")
-
-    def pipelined(self, commands, depth=32):
-        for start in range(0, len(commands), depth):
-            chunk = commands[start:start + depth]
-            self.sock.sendall(b"".join(chunk))
-            for _ in chunk:
-                self.read()
 
 
 def usec_and_calls(client, command):

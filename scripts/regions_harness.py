@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from regions_client import ADMIN_TOKEN, get
+from resp import RespClient
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIM_BIN = Path(os.environ.get("SHIM_BIN", ROOT / "target" / "shim" / "redis-shim"))
@@ -146,43 +147,6 @@ def build_proxy():
 
 # --------------------------------------------------------------------------- Redis
 
-def resp_command(*args):
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        data = str(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
-
-
-class RedisClient:
-    """Just enough RESP for INFO, PING and FLUSHALL."""
-
-    def __init__(self, port):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-        self.file = self.sock.makefile("rb")
-
-    def call(self, *args):
-        self.sock.sendall(resp_command(*args))
-        return self._read()
-
-    def _read(self):
-        line = self.file.readline().rstrip(b"\r\n")
-        kind, rest = line[:1], line[1:]
-        if kind in (b"+", b":"):
-            return rest.decode()
-        if kind == b"-":
-            raise RuntimeError(rest.decode())
-        if kind == b"$":
-            n = int(rest)
-            return None if n < 0 else self.file.read(n + 2)[:-2].decode()
-        if kind == b"*":
-            return [self._read() for _ in range(int(rest))]
-        raise RuntimeError(f"unexpected Redis reply {line!r}")
-
-    def close(self):
-        self.sock.close()
-
-
 # Commands this harness sends itself, left out of the calls counted.
 _OURS = {"info", "ping", "flushall", "config", "client", "hello"}
 
@@ -194,10 +158,10 @@ class Redis:
         self.process = procs.start(["redis-server", "--port", self.port, "--bind", "127.0.0.1", "--save", "",
                                     "--appendonly", "no", "--dir", run_dir], self.log)
         wait_until(f"Redis of region {name}", lambda: self._ping(), 10, self.process, self.log)
-        self.client = RedisClient(self.port)
+        self.client = RespClient(self.port, timeout=5)
 
     def _ping(self):
-        client = RedisClient(self.port)
+        client = RespClient(self.port, timeout=5)
         try:
             return client.call("PING") == "PONG"
         finally:
