@@ -179,13 +179,7 @@ local function finish_replicated(key, c, st, ctx, available, charge, now, reply,
   end
   local remaining, reset_ms = replicated.report(c, st, ctx, now)
   if not admits then retry_after_ms = math.max(1, replicated.retry_after(c, st, ctx, now)) end
-  reply[n + 1] = admits and 1 or 0
-  reply[n + 2] = remaining
-  reply[n + 3] = reset_ms
-  reply[n + 4] = retry_after_ms
-  reply[n + 5] = granted
-  reply[n + 6] = stamp
-  reply[n + 7] = 0
+  append_row(reply, n, admits, remaining, reset_ms, retry_after_ms, granted, stamp, 0)
 end
 
 -- check_regional_request(count, charging, now, ctx, reply): check.lua's contract over the

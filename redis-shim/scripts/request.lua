@@ -42,6 +42,17 @@ local function params(arg)
   return c
 end
 
+-- One check's seven reply values (check.lua's contract), after index n of `reply`.
+local function append_row(reply, n, admits, remaining, reset_ms, retry_after_ms, granted, stamp, lease_ms)
+  reply[n + 1] = admits and 1 or 0
+  reply[n + 2] = remaining
+  reply[n + 3] = reset_ms
+  reply[n + 4] = retry_after_ms
+  reply[n + 5] = granted
+  reply[n + 6] = stamp
+  reply[n + 7] = lease_ms
+end
+
 -- Phase 2 of one check (see check.lua): charges it when `charge` is true, then appends
 -- its seven reply values to `reply` after index n.
 local function finish_check(key, c, st, available, charge, now, reply, n)
@@ -59,13 +70,7 @@ local function finish_check(key, c, st, available, charge, now, reply, n)
   local remaining, reset_ms = algorithm.report(c, st, now)
   -- A refusal always names a wait of at least 1 ms, whatever the rounding.
   if not admits then retry_after_ms = math.max(1, algorithm.retry_after(c, st, now)) end
-  reply[n + 1] = admits and 1 or 0
-  reply[n + 2] = remaining
-  reply[n + 3] = reset_ms
-  reply[n + 4] = retry_after_ms
-  reply[n + 5] = granted
-  reply[n + 6] = stamp
-  reply[n + 7] = lease_ms
+  append_row(reply, n, admits, remaining, reset_ms, retry_after_ms, granted, stamp, lease_ms)
 end
 
 -- check_request(first_key, count, base, charging, now, reply): the request's checks are
