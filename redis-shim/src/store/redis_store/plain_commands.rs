@@ -6,7 +6,8 @@ use super::RedisStore;
 use crate::store::redis_connection::Connection;
 use crate::store::scripts::{FunctionCall, Library};
 use crate::store::StoreError;
-use redis::{Cmd, FromRedisValue};
+use redis::aio::ConnectionManager;
+use redis::{Cmd, FromRedisValue, Pipeline};
 
 impl RedisStore {
     pub(crate) fn library(&self) -> &Library {
@@ -24,12 +25,7 @@ impl RedisStore {
     /// One plain command (a standalone Redis), within the Redis timeout: what the
     /// replication between regions reads and writes besides its function.
     pub(crate) async fn command<T: FromRedisValue + Send>(&self, command: &Cmd) -> Result<T, StoreError> {
-        let (connection, generation) = self.connection();
-        let Connection::Standalone(mut manager) = connection else {
-            return Err(StoreError::Unsupported(
-                "regions run on a standalone Redis".into(),
-            ));
-        };
+        let (mut manager, generation) = self.standalone()?;
         self.bounded(generation, self.config.timeout, command.query_async(&mut manager))
             .await
     }
@@ -38,19 +34,24 @@ impl RedisStore {
     /// timeout.
     pub(crate) async fn pipeline<T: FromRedisValue + Send>(
         &self,
-        pipeline: &redis::Pipeline,
+        pipeline: &Pipeline,
     ) -> Result<T, StoreError> {
-        let (connection, generation) = self.connection();
-        let Connection::Standalone(mut manager) = connection else {
-            return Err(StoreError::Unsupported(
-                "regions run on a standalone Redis".into(),
-            ));
-        };
+        let (mut manager, generation) = self.standalone()?;
         self.bounded(
             generation,
             self.config.timeout,
             pipeline.query_async(&mut manager),
         )
         .await
+    }
+
+    /// The standalone connection and its generation; regions run on no other.
+    fn standalone(&self) -> Result<(ConnectionManager, u64), StoreError> {
+        match self.connection() {
+            (Connection::Standalone(manager), generation) => Ok((manager, generation)),
+            (Connection::Cluster(_), _) => Err(StoreError::Unsupported(
+                "regions run on a standalone Redis".into(),
+            )),
+        }
     }
 }

@@ -125,6 +125,12 @@ pub struct Regions {
     pub own: String,
     /// Every region's name, sorted, this one's included.
     names: Vec<String>,
+    /// The same, space-separated, as check_regions.lua takes them, and comma-separated, as
+    /// the shims publish them ([`Self::alive_value`]).
+    names_arg: String,
+    names_published: String,
+    /// This region's stream of spending, in its own Redis.
+    stream_key: String,
     /// This region's place in `names`.
     rank: usize,
     pub peers: Vec<Peer>,
@@ -166,6 +172,9 @@ impl Regions {
         Ok(Regions {
             rank: names.iter().position(|name| *name == config.own).unwrap_or(0),
             own: config.own.clone(),
+            names_arg: names.join(" "),
+            names_published: names.join(","),
+            stream_key: format!("{prefix}regions:stream"),
             names,
             peers,
             cutoff: config.cutoff,
@@ -194,8 +203,8 @@ impl Regions {
     }
 
     /// This region's stream of spending, in its own Redis.
-    pub fn stream_key(&self) -> String {
-        format!("{}regions:stream", self.prefix)
+    pub fn stream_key(&self) -> &str {
+        &self.stream_key
     }
 
     /// Where a region keeps its position in `peer`'s stream (in its own Redis).
@@ -207,8 +216,8 @@ impl Regions {
         &self.prefix
     }
 
-    pub fn names_arg(&self) -> String {
-        self.names.join(" ")
+    pub fn names_arg(&self) -> &str {
+        &self.names_arg
     }
 
     /// How many regions there are, this one's included.
@@ -305,7 +314,7 @@ impl Regions {
             .filter(|&p| self.reachable(p))
             .map(|p| self.peers[p].name.as_str())
             .collect();
-        format!("{} {}", self.names.join(","), reach.join(","))
+        format!("{} {}", self.names_published, reach.join(","))
     }
 
     /// Where a region's shims publish [`Self::alive_value`], expiring unless renewed.
@@ -317,7 +326,7 @@ impl Regions {
     /// names other regions than this shim does (a peer configured with another set).
     pub fn read_alive(&self, value: &str) -> Option<Vec<String>> {
         let (names, reach) = value.split_once(' ').unwrap_or((value, ""));
-        (names == self.names.join(",")).then(|| {
+        (names == self.names_published).then(|| {
             reach
                 .split(',')
                 .filter(|name| !name.is_empty())

@@ -56,13 +56,11 @@ impl<'a> Routed<'a> {
 
     /// check_regions.lua over checks of this region, some of them replicated.
     async fn check_here(&self, mode: Mode, keys: &[&str], checks: &[&Check]) -> Result<Vec<Row>, StoreError> {
-        let stream = self.regions.stream_key();
-        let names = self.regions.names_arg();
         let confirmed = self.regions.confirmed();
         let mut call = FunctionCall::new(&self.local.library().check_regions);
         call.arg(mode_arg(mode))
             .arg(self.regions.own.as_str())
-            .arg(names.as_str())
+            .arg(self.regions.names_arg())
             .arg(self.regions.rank())
             .arg(confirmed.as_str())
             .arg(self.regions.renew_ms());
@@ -74,7 +72,7 @@ impl<'a> Routed<'a> {
             };
             call.key(key).arg(rung).arg(params_arg(check));
         }
-        call.key(&stream);
+        call.key(self.regions.stream_key());
         let reply: Vec<i64> = self.local.call_function(&call).await?;
         parse_rows(reply, keys.len()).map_err(|e| StoreError::Malformed(e.0))
     }

@@ -3,11 +3,11 @@
 //! request is decided, answered and counted in the metrics as if it had come alone to
 //! `POST /v1/check` ([`crate::transport::http::check`]), in as few scripts as their keys allow.
 
-use super::check::{answer_outcome, invalid_request, redis_failed};
+use super::check::{answer_outcome, decide_alone, redis_failed, validate};
 use crate::decide::adjustments::adjust_counters;
 use crate::decide::answer::respond;
 use crate::decide::decision::{self, DecideError, Decision};
-use crate::decide::regions::{crosses_regions, decide_across, note_without_peers, refused_across};
+use crate::decide::regions::{crosses_regions, note_without_peers};
 use crate::metrics::RequestOutcome;
 use crate::store::cluster_nodes::moved_away;
 use crate::store::scripts::RequestChecks;
@@ -192,20 +192,7 @@ async fn decide_batch(shim: &Shim, requests: &[CheckRequest]) -> Vec<Result<Chec
                 .redis_keys(request.checks.iter().map(|check| check.key.as_str()))
         })
         .collect();
-    let validity: Vec<Result<(), Refusal>> = requests
-        .iter()
-        .map(|request| {
-            request.validate().map_err(invalid_request)?;
-            match shim
-                .regions
-                .as_deref()
-                .and_then(|regions| refused_across(regions, &request.checks))
-            {
-                Some(refused) => Err(invalid_request(refused)),
-                None => Ok(()),
-            }
-        })
-        .collect();
+    let validity: Vec<Result<(), Refusal>> = requests.iter().map(|request| validate(shim, request)).collect();
     // The valid requests by the script that can decide them together, and those that
     // need scripts of their own.
     let mut scripts: Vec<(SharedScript, Vec<usize>)> = Vec::new();
@@ -264,15 +251,11 @@ async fn decide_batch(shim: &Shim, requests: &[CheckRequest]) -> Vec<Result<Chec
             .iter()
             .map(|&i| decision::decide(&shim.store, &keys[i], &requests[i].checks)),
     );
-    let regional = join_all(across_regions.iter().map(|&i| {
-        let (keys, checks) = (&keys[i], &requests[i].checks);
-        async move {
-            match shim.regions.as_deref() {
-                Some(regions) => decide_across(&shim.store, regions, keys, checks).await,
-                None => decision::decide(&shim.store, keys, checks).await,
-            }
-        }
-    }));
+    let regional = join_all(
+        across_regions
+            .iter()
+            .map(|&i| decide_alone(shim, &keys[i], &requests[i].checks)),
+    );
     let (together, alone, regional) = futures_util::future::join3(together, alone, regional).await;
     let mut decisions: Vec<Option<Result<Decision, DecideError>>> = requests.iter().map(|_| None).collect();
     let decided_members = scripts
