@@ -44,6 +44,7 @@ pub mod response_body;
 pub mod settlement;
 pub mod shim_call;
 pub mod skew_log;
+pub mod spill;
 pub mod stats;
 pub mod stream_end;
 pub use ratelimit_rules::{attributes, config, keys, matching, plan};

@@ -208,6 +208,7 @@ mod tests {
         match decide(&judged, NOW_MS, &config.response) {
             Outcome::Allow { headers } => headers,
             Outcome::Reply(reply) => reply.headers,
+            Outcome::Spill(spill) => panic!("no rule spills here: {spill:?}"),
         }
     }
 

@@ -17,6 +17,7 @@ use crate::plan::PlannedCheck;
 use crate::response::{decide, shadow_refusals, unavailable, Outcome};
 use crate::settlement::PendingSettlement;
 use crate::shim_call::ShimFailure;
+use crate::spill::{spill_over, Spill};
 use crate::stats::{Count, Stat};
 use crate::stream_end::{held, Held, SlotAsked};
 use crate::wire::{Check, CheckResult, Settlement, UnsupportedCheck};
@@ -59,6 +60,9 @@ pub struct RequestDecision {
     to_settle: Vec<PendingSettlement>,
     /// The request's stream has ended: whatever it is granted from now on goes back.
     stream_ended: bool,
+    /// This is the check of a request spilled over by these rules: it refuses rather
+    /// than spill again, and an admission names them to the client.
+    spilled: Option<Spill>,
 }
 
 impl RequestDecision {
@@ -68,11 +72,23 @@ impl RequestDecision {
         planned: Vec<PlannedCheck>,
         now_ms: u64,
     ) -> (RequestDecision, Transition<Start>) {
+        RequestDecision::start_spilled(local, planned, None, now_ms)
+    }
+
+    /// Runs the local layer over the plan of a request spilled over by `spilled` (which
+    /// the plan leaves out), or over a request's first plan.
+    pub fn start_spilled<S: SlotStore>(
+        local: &LocalLayer<'_, S>,
+        planned: Vec<PlannedCheck>,
+        spilled: Option<Spill>,
+        now_ms: u64,
+    ) -> (RequestDecision, Transition<Start>) {
         let mut request = RequestDecision {
             planned,
             pass: LocalPass::default(),
             to_settle: Vec::new(),
             stream_ended: false,
+            spilled,
         };
         let transition = request.run_local(local, now_ms);
         (request, transition)
@@ -354,12 +370,27 @@ impl RequestDecision {
                 .into_iter()
                 .map(|rule| Event::ShadowRefusal(rule.to_string())),
         );
-        let outcome = decide(&judged, now_ms, &local.config.response);
+        let mut outcome = decide(&judged, now_ms, &local.config.response);
+        match (&mut outcome, &self.spilled) {
+            (Outcome::Reply(_), None) => {
+                let known = known().map(|(item, result)| (item.rule_index, &*item.rule, result));
+                if let Some(spill) = spill_over(known) {
+                    outcome = Outcome::Spill(spill);
+                }
+            }
+            (Outcome::Allow { headers }, Some(spilled)) => headers.push(spilled.response_header()),
+            _ => {}
+        }
         let allowed = matches!(outcome, Outcome::Allow { .. });
+        let refused = if matches!(outcome, Outcome::Spill(_)) {
+            Stat::Spilled
+        } else {
+            Stat::Denied
+        };
         for (item, result) in known() {
             let stat = match (item.rule.shadow, result.allowed, allowed) {
                 (true, false, _) => Stat::ShadowDenied,
-                (false, false, _) => Stat::Denied,
+                (false, false, _) => refused,
                 (_, true, true) => Stat::Allowed,
                 (_, true, false) => continue,
             };
@@ -445,6 +476,7 @@ mod tests {
         match outcome {
             Outcome::Allow { .. } => 200,
             Outcome::Reply(reply) => reply.status,
+            Outcome::Spill(spill) => panic!("no rule spills here: {spill:?}"),
         }
     }
 

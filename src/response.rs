@@ -8,6 +8,7 @@
 use crate::config::ResponseSettings;
 use crate::judged::{Headers, Judged};
 use crate::rate_headers::{self, retry_after_seconds, RETRY_AFTER_HEADER};
+use crate::spill::Spill;
 use crate::wire::calendar::UtcOffset;
 use crate::wire::Check;
 use serde_json::json;
@@ -25,6 +26,8 @@ pub enum Outcome {
     Allow { headers: Headers },
     /// Answer locally with this reply.
     Reply(LocalReply),
+    /// Set these request headers, plan the request again and check it (`spill`).
+    Spill(Spill),
 }
 
 /// A response the filter sends itself.

@@ -28,10 +28,13 @@ pub enum Stat {
     /// older shim, during an upgrade): each rule's failure mode decided them (also
     /// counted as `failed_open` or `failed_closed`, or by its fallback bucket).
     ShimUnsupported,
+    /// Requests over this rule's limit sent on to its spill-over instead of refused
+    /// (`denied` counts the refused ones).
+    Spilled,
 }
 
 impl Stat {
-    pub const ALL: [Stat; 16] = [
+    pub const ALL: [Stat; 17] = [
         Stat::Allowed,
         Stat::Denied,
         Stat::ShadowDenied,
@@ -48,6 +51,7 @@ impl Stat {
         Stat::CostUnreported,
         Stat::CostOverBudget,
         Stat::ShimUnsupported,
+        Stat::Spilled,
     ];
 
     pub fn name(self) -> &'static str {
@@ -68,6 +72,7 @@ impl Stat {
             Stat::CostUnreported => "cost_unreported",
             Stat::CostOverBudget => "cost_over_budget",
             Stat::ShimUnsupported => "shim_unsupported",
+            Stat::Spilled => "spilled",
         }
     }
 

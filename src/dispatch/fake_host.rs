@@ -5,7 +5,10 @@
 //! worker's.
 
 use super::host::{CallRefused, Host, LogLevel, MetricKind};
+use crate::attributes::fake::FakeRequest;
+use crate::config::FilterConfig;
 use crate::local::tests::MapStore;
+use crate::plan::{plan, PlannedCheck};
 use crate::response::LocalReply;
 use crate::wire::BatchCheckRequest;
 use std::cell::{Cell, RefCell};
@@ -42,6 +45,8 @@ pub(crate) struct FakeHost {
     /// What the host was asked in the wrong context: calls in a request's, resumes and
     /// replies in none.
     pub misplaced: RefCell<Vec<String>>,
+    /// Each request's headers (a `GET /`), as the worker set them.
+    pub request_headers: RefCell<HashMap<u32, Vec<(String, String)>>>,
 }
 
 impl FakeHost {
@@ -164,5 +169,28 @@ impl Host for FakeHost {
             .borrow_mut()
             .push(Happened::Replied(request, reply.status));
         Ok(())
+    }
+
+    fn set_request_header(&self, name: &str, value: &str) -> Result<(), String> {
+        let request = self.current_request("set_request_header");
+        let mut all = self.request_headers.borrow_mut();
+        let headers = all.entry(request).or_default();
+        headers.retain(|(known, _)| known != name);
+        headers.push((name.to_string(), value.to_string()));
+        Ok(())
+    }
+
+    fn plan_request(&self, config: &FilterConfig) -> Vec<PlannedCheck> {
+        let request = self.current_request("plan_request");
+        let headers = self
+            .request_headers
+            .borrow()
+            .get(&request)
+            .cloned()
+            .unwrap_or_default();
+        let fake = headers.iter().fold(FakeRequest::get("/"), |fake, (name, value)| {
+            fake.with_header(name, value)
+        });
+        plan(config, &fake)
     }
 }

@@ -3,7 +3,9 @@
 //! one. Everything a worker decides is written against [`Host`]; what a host must keep
 //! (which context a call belongs to, how a paused request is found again) is said here.
 
+use crate::config::FilterConfig;
 use crate::local::SlotStore;
+use crate::plan::PlannedCheck;
 use crate::response::LocalReply;
 use std::time::Duration;
 
@@ -90,4 +92,9 @@ pub trait Host {
     fn resume(&self) -> Result<(), String>;
     /// Answers the current request with a local reply instead of the upstream's.
     fn reply(&self, reply: &LocalReply) -> Result<(), String>;
+    /// Sets a header of the current request (replacing its values), so that Envoy
+    /// routes the request again on it.
+    fn set_request_header(&self, name: &str, value: &str) -> Result<(), String>;
+    /// The checks `config` plans for the current request, read as it is now.
+    fn plan_request(&self, config: &FilterConfig) -> Vec<PlannedCheck>;
 }

@@ -55,7 +55,7 @@ impl<H: Host> Worker<H> {
                 self.record(events);
                 let now = self.host.now_ms();
                 let answer = Err(ShimFailure::ShuttingDown);
-                request.state.borrow_mut().answered(self, now, answer)
+                request.answered(self, now, answer)
             }
             Start::AskShim {
                 checks,
@@ -279,7 +279,7 @@ impl<H: Host> Worker<H> {
             }
             return;
         };
-        let flow = request.state.borrow_mut().answered(self, now, answer);
+        let flow = request.answered(self, now, answer);
         if let Flow::Continue = flow {
             self.resume();
         }

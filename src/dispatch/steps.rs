@@ -8,9 +8,10 @@ use super::paused::{PendingRequest, RequestState};
 use super::worker::Worker;
 use crate::plan::PlannedCheck;
 use crate::request::{RequestDecision, Start, Transition};
-use crate::response::Outcome;
+use crate::response::{LocalReply, Outcome};
 use crate::settlement::ResponseCosts;
 use crate::shim_call::RequestAnswer;
+use crate::spill::Spill;
 
 impl<Id: Copy> PendingRequest<Id> {
     /// Starts deciding a request with a non-empty plan. The caller runs in its context.
@@ -20,8 +21,20 @@ impl<Id: Copy> PendingRequest<Id> {
         planned: Vec<PlannedCheck>,
         now: u64,
     ) -> Transition<Start> {
+        self.start_spilled(worker, planned, None, now)
+    }
+
+    /// Starts deciding a request: its first plan, or (with `spilled`) its plan once
+    /// spilled over.
+    fn start_spilled<H: Host<RequestId = Id>>(
+        &self,
+        worker: &Worker<H>,
+        planned: Vec<PlannedCheck>,
+        spilled: Option<Spill>,
+        now: u64,
+    ) -> Transition<Start> {
         let local = worker.local(!worker.closing());
-        let (decision, transition) = RequestDecision::start(&local, planned, now);
+        let (decision, transition) = RequestDecision::start_spilled(&local, planned, spilled, now);
         let mut state = self.state.borrow_mut();
         state.decision = decision;
         state.deadline_ms = now.saturating_add(worker.config.shim.timeout_ms());
@@ -43,13 +56,56 @@ impl<Id: Copy> PendingRequest<Id> {
             .run_local(&worker.local(may_await), now)
     }
 
-    /// Records the step and applies its outcome.
+    /// Records the step and applies its outcome. The caller runs in the request's
+    /// context.
     pub(super) fn apply<H: Host<RequestId = Id>>(
         &self,
         worker: &Worker<H>,
         transition: Transition<Outcome>,
     ) -> Flow {
-        self.state.borrow_mut().apply(worker, transition)
+        worker.record(transition.events);
+        match transition.next {
+            Outcome::Allow { headers } => self.state.borrow_mut().allow(headers),
+            Outcome::Reply(local_reply) => reply(worker, &local_reply),
+            Outcome::Spill(spill) => self.spill(worker, spill),
+        }
+    }
+
+    /// Applies the shim's answer, or its failure. The caller runs in the request's
+    /// context.
+    pub(super) fn answered<H: Host<RequestId = Id>>(
+        &self,
+        worker: &Worker<H>,
+        now: u64,
+        answer: RequestAnswer,
+    ) -> Flow {
+        let Some(transition) = self.state.borrow_mut().answered(worker, now, answer) else {
+            return Flow::Pause;
+        };
+        self.apply(worker, transition)
+    }
+
+    /// Sets the spill-over's headers, plans the request again without the rules that
+    /// spilled it, and checks it so; with nothing left to check it goes on at once.
+    fn spill<H: Host<RequestId = Id>>(&self, worker: &Worker<H>, spill: Spill) -> Flow {
+        for (name, value) in &spill.request_headers {
+            if let Err(error) = worker.host.set_request_header(name, value) {
+                let message = format!("cannot set the spill-over header {name}: {error}");
+                worker.host.log(LogLevel::Error, &message);
+            }
+        }
+        let planned: Vec<PlannedCheck> = worker
+            .host
+            .plan_request(&worker.config)
+            .into_iter()
+            .filter(|check| !spill.rules.contains(&check.rule_index))
+            .collect();
+        if planned.is_empty() {
+            return self.state.borrow_mut().allow(vec![spill.response_header()]);
+        }
+        let now = worker.host.now_ms();
+        let transition = self.start_spilled(worker, planned, Some(spill), now);
+        worker.proceed(self, transition)
     }
 
     /// The request's stream ended, however: what it holds goes back, and its response's
@@ -72,9 +128,15 @@ impl<Id: Copy> PendingRequest<Id> {
 }
 
 impl RequestState {
-    /// Applies the shim's answer, or its failure: records the step and applies the
-    /// outcome. The caller runs in this request's context.
-    pub(super) fn answered<H: Host>(&mut self, worker: &Worker<H>, now: u64, answer: RequestAnswer) -> Flow {
+    /// The step the shim's answer (or its failure) takes the decision to; `None` when
+    /// the stream is gone (its events, recorded here, give back what the answer
+    /// granted).
+    fn answered<H: Host>(
+        &mut self,
+        worker: &Worker<H>,
+        now: u64,
+        answer: RequestAnswer,
+    ) -> Option<Transition<Outcome>> {
         let local = worker.local(false);
         let transition = match answer {
             Ok(answered) => {
@@ -87,27 +149,25 @@ impl RequestState {
             // Nobody to answer: the step's events give back what the answer granted.
             worker.record(transition.events);
             worker.flush_adjustments();
-            return Flow::Pause;
+            return None;
         }
-        self.apply(worker, transition)
+        Some(transition)
     }
 
-    fn apply<H: Host>(&mut self, worker: &Worker<H>, transition: Transition<Outcome>) -> Flow {
-        worker.record(transition.events);
-        match transition.next {
-            Outcome::Allow { headers } => {
-                self.response_headers = headers;
-                self.response_costs = ResponseCosts::new(self.decision.take_settlements());
-                Flow::Continue
-            }
-            Outcome::Reply(reply) => {
-                if let Err(error) = worker.host.reply(&reply) {
-                    worker
-                        .host
-                        .log(LogLevel::Error, &format!("could not send local reply: {error}"));
-                }
-                Flow::Pause
-            }
-        }
+    /// Keeps the headers and the charges for the admitted request's response.
+    fn allow(&mut self, headers: crate::judged::Headers) -> Flow {
+        self.response_headers = headers;
+        self.response_costs = ResponseCosts::new(self.decision.take_settlements());
+        Flow::Continue
     }
+}
+
+/// Answers the current request with `reply`.
+fn reply<H: Host>(worker: &Worker<H>, reply: &LocalReply) -> Flow {
+    if let Err(error) = worker.host.reply(reply) {
+        worker
+            .host
+            .log(LogLevel::Error, &format!("could not send local reply: {error}"));
+    }
+    Flow::Pause
 }

@@ -8,9 +8,10 @@ use super::hostcalls::{
 };
 use super::wasm_host::Worker;
 use crate::attributes::{claim_text, combined_header, header_text, RequestAttributes};
+use crate::config::FilterConfig;
 use crate::dispatch::host::{Flow, Host};
 use crate::dispatch::paused::PendingRequest;
-use crate::plan::plan;
+use crate::plan::{plan, PlannedCheck};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel, MapType};
 use std::cell::OnceCell;
@@ -64,14 +65,19 @@ impl Context for HttpFilter {
     }
 }
 
+/// The checks `config` plans for the current request, its headers read now.
+pub(super) fn plan_current(config: &FilterConfig) -> Vec<PlannedCheck> {
+    let request = HostRequest {
+        jwt_payload_in_metadata: &config.jwt_payload_in_metadata,
+        headers: OnceCell::new(),
+    };
+    plan(config, &request)
+}
+
 impl HttpContext for HttpFilter {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let worker = Rc::clone(&self.worker);
-        let request = HostRequest {
-            jwt_payload_in_metadata: &worker.config.jwt_payload_in_metadata,
-            headers: OnceCell::new(),
-        };
-        let planned = plan(&worker.config, &request);
+        let planned = plan_current(&worker.config);
         if planned.is_empty() {
             return Action::Continue;
         }

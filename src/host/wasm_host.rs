@@ -8,8 +8,11 @@
 //! sends only on a wake-up, a tick or an answer), and a request wakes the root through
 //! its queue.
 
-use super::hostcalls::{log, SharedData};
+use super::hostcalls::{log, set_request_header, SharedData};
+use super::http::plan_current;
+use crate::config::FilterConfig;
 use crate::dispatch::host::{CallRefused, Host, LogLevel, MetricKind};
+use crate::plan::PlannedCheck;
 use crate::response::LocalReply;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{self, MetricType, Status};
@@ -112,5 +115,13 @@ impl Host for WasmHost {
             .collect();
         hostcalls::send_http_response(reply.status, headers, Some(reply.body.as_bytes()))
             .map_err(|status| format!("{status:?}"))
+    }
+
+    fn set_request_header(&self, name: &str, value: &str) -> Result<(), String> {
+        set_request_header(name, Some(value)).map_err(|error| error.to_string())
+    }
+
+    fn plan_request(&self, config: &FilterConfig) -> Vec<PlannedCheck> {
+        plan_current(config)
     }
 }

@@ -13,6 +13,7 @@ mod cost_from_response;
 mod duration;
 mod header_dialects;
 mod model;
+mod on_exceeded;
 mod raw;
 mod regions;
 mod rule;
@@ -26,6 +27,7 @@ pub use header_dialects::{
     written_headers, Form, POLICY_HEADER, RATELIMIT_HEADER, RETRY_AFTER_HEADER, RETRY_AFTER_MS_HEADER,
 };
 pub use model::*;
+pub use on_exceeded::{OnExceeded, SpillHeader};
 use std::fmt;
 
 /// A configuration problem, naming the field (as a JSON path) and the reason.

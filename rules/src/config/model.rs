@@ -2,6 +2,7 @@
 
 use super::header_dialects::Form;
 pub use super::header_dialects::HeaderDialect;
+use super::on_exceeded::OnExceeded;
 use crate::keys::KeyPart;
 use crate::matching::RequestMatch;
 use crate::wire::{Algorithm, CalendarWindow, Period, Rate, Regions};
@@ -128,6 +129,8 @@ pub struct Rule {
     /// Where its counter lives when the shim serves several regions (docs/REGIONS.md);
     /// its tiers' too.
     pub regions: Regions,
+    /// What a request over the limit gets: the refusal, or a spill-over.
+    pub on_exceeded: OnExceeded,
 }
 
 /// A rule's cost read from its responses, and what a response that never reports it
@@ -264,6 +267,7 @@ impl Rule {
             on_failure: RuleFailureMode::Open,
             cost_from_response: None,
             regions: Regions::Independent,
+            on_exceeded: OnExceeded::Refuse,
         }
     }
 }

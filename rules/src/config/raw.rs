@@ -117,6 +117,9 @@ pub(super) struct RawRule {
     pub(super) cost_from_response: Option<RawCostFromResponse>,
     #[serde(default)]
     pub(super) regions: Regions,
+    /// Read by hand (`on_exceeded`), for messages that name the field.
+    #[serde(default)]
+    pub(super) on_exceeded: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]

@@ -6,6 +6,7 @@
 use super::model::{
     FailureMode, Lease, Rule, RuleFailureMode, Scope, Tier, TierCondition, ValueTest, WeightedCost,
 };
+use super::on_exceeded::compile_on_exceeded;
 use super::raw::{RawCost, RawLease, RawLocalLimit, RawRule, RawRuleFailureMode, RawTier};
 use super::regions::check_regions;
 use super::window::{check_whole_seconds, compile_period, compile_window, window_counter_name, Window};
@@ -300,6 +301,7 @@ impl RawRule {
             .cost_from_response
             .map(|raw| raw.compile(at, algorithm, self.scope, lease.is_some(), warnings))
             .transpose()?;
+        let on_exceeded = compile_on_exceeded(at, self.on_exceeded, self.shadow)?;
         Ok(Rule {
             counter: window_counter_name(&self.name, algorithm, rate.period, calendar),
             name: self.name,
@@ -318,6 +320,7 @@ impl RawRule {
             on_failure,
             cost_from_response,
             regions: self.regions,
+            on_exceeded,
         })
     }
 }
