@@ -44,6 +44,18 @@ for tokens in 300 500 400 50; do
 done
 echo "(the third answer's 400 tokens put the key 200 in debt: the fourth is refused until it refills)"
 
+echo
+echo "POST /generate: 5 per minute per tenant on the primary pool, then spilled over to the fallback (gpu-pool, on_exceeded)"
+printf '%-16s %-6s %-10s %-10s %s\n' request status upstream remaining x-ratelimit-spilled
+tenant="tenant-$run_id"
+for i in $(seq 1 7); do
+    headers=$(curl -s -o /dev/null -D - -X POST -H "x-tenant: $tenant" "$url/generate" | tr -d '\r')
+    field() { printf '%s\n' "$headers" | awk -v name="$1" 'tolower($1) == name":" { $1 = ""; print substr($0, 2) }'; }
+    printf '%-16s %-6s %-10s %-10s %s\n' "generate #$i" "$(printf '%s\n' "$headers" | awk 'NR == 1 { print $2 }')" \
+        "$(field x-upstream)" "$(field x-ratelimit-remaining)" "$(field x-ratelimit-spilled)"
+done
+echo "(past its 5, the tenant is served by the fallback pool instead of refused; the spilled requests are not charged to gpu-pool)"
+
 heading "GET /slow takes 2 s: at most 2 in flight per API key (slow-in-flight, a concurrency limit)"
 slow_key="slow-$run_id"
 curl -s -o /dev/null -H "x-api-key: $slow_key" "$url/slow" &

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""The demo's stand-in for a language-model API (`stack.sh up` runs it on 127.0.0.1:8402).
+"""The demo's stand-in for a language-model API: `llm-upstream.py PORT [NAME]`. `stack.sh up`
+runs two, the primary (127.0.0.1:8402) and the fallback pool (8403); each names itself in
+an `x-upstream` header (NAME, "primary" by default).
 
 It answers each API in its own format, with the tokens the request "used":
 - POST /v1/messages: an Anthropic Messages response (`usage.input_tokens`,
@@ -56,12 +58,17 @@ class Chat(BaseHTTPRequestHandler):
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
         self.send_header("x-usage-tokens", str(tokens))
+        self.send_header("x-upstream", NAME)
         self.end_headers()
         self.wfile.write(body)
+
+    do_GET = do_POST
 
     def log_message(self, *args):
         pass
 
+
+NAME = sys.argv[2] if len(sys.argv) > 2 else "primary"
 
 if __name__ == "__main__":
     ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Chat).serve_forever()

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # `stack.sh up` starts Redis (127.0.0.1:8401), the shim (8400), the demo's language-model
-# upstream (8402, scripts/llm-upstream.py) and Envoy (10000, admin 9901, envoy.yaml) in
+# upstream (8402, scripts/llm-upstream.py) and its fallback pool (8403, the same script),
+# and Envoy (10000, admin 9901, envoy.yaml) in
 # the background and waits until each is ready; `stack.sh down`
 # stops exactly the processes `up` started (their pids are kept in .run/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=.run
-REDIS_PORT=8401 SHIM_PORT=8400 LLM_PORT=8402 ENVOY_PORT=10000 ADMIN_PORT=9901
+REDIS_PORT=8401 SHIM_PORT=8400 LLM_PORT=8402 FALLBACK_PORT=8403 ENVOY_PORT=10000 ADMIN_PORT=9901
 
 wait_for() { # description, command...
     local what=$1; shift
@@ -22,7 +23,7 @@ port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 up() {
     mkdir -p "$RUN"
-    for port in $REDIS_PORT $SHIM_PORT $LLM_PORT $ENVOY_PORT $ADMIN_PORT; do
+    for port in $REDIS_PORT $SHIM_PORT $LLM_PORT $FALLBACK_PORT $ENVOY_PORT $ADMIN_PORT; do
         port_free "$port" || { echo "stack: port $port is in use (is the stack already up? 'make down')" >&2; exit 1; }
     done
     redis-server --port $REDIS_PORT --bind 127.0.0.1 --save "" --appendonly no \
@@ -34,9 +35,12 @@ up() {
     echo $! >"$RUN/shim.pid"
     wait_for "the shim" curl -sf http://127.0.0.1:$SHIM_PORT/readyz
 
-    python3 scripts/llm-upstream.py $LLM_PORT </dev/null >"$RUN/llm.log" 2>&1 &
+    python3 scripts/llm-upstream.py $LLM_PORT primary </dev/null >"$RUN/llm.log" 2>&1 &
     echo $! >"$RUN/llm.pid"
     wait_for "the language-model upstream" curl -sf -X POST http://127.0.0.1:$LLM_PORT/v1/chat
+    python3 scripts/llm-upstream.py $FALLBACK_PORT fallback </dev/null >"$RUN/fallback.log" 2>&1 &
+    echo $! >"$RUN/fallback.pid"
+    wait_for "the fallback upstream" curl -sf -X POST http://127.0.0.1:$FALLBACK_PORT/generate
 
     # Envoy stops when its parent process exits (it asks the kernel for SIGTERM on its
     # parent's death), so it runs under a shell that stays; stopping that shell stops it.
@@ -48,12 +52,13 @@ up() {
     echo "Redis  redis://127.0.0.1:$REDIS_PORT"
     echo "shim   http://127.0.0.1:$SHIM_PORT  (POST /v1/check and /v1/check-batch, GET /readyz, GET /metrics)"
     echo "LLM    http://127.0.0.1:$LLM_PORT  (POST /v1/chat: the demo's upstream that reports tokens)"
+    echo "spill  http://127.0.0.1:$FALLBACK_PORT  (the fallback pool gpu-pool spills /generate over to)"
     echo "Envoy  http://127.0.0.1:$ENVOY_PORT  (admin http://127.0.0.1:$ADMIN_PORT)"
     echo "logs   $RUN/"
 }
 
 down() {
-    for name in envoy llm shim redis; do
+    for name in envoy fallback llm shim redis; do
         if [ -f "$RUN/$name.pid" ]; then
             pid=$(cat "$RUN/$name.pid")
             kill "$pid" 2>/dev/null || true

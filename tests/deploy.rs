@@ -315,7 +315,7 @@ fn validate(config: &Value) -> String {
 #[test]
 fn compose_envoy_config_passes_envoy_validation() {
     let output = validate(&compose_envoy_config());
-    assert!(output.contains("configured with 6 rule(s)"), "{output}");
+    assert!(output.contains("configured with 7 rule(s)"), "{output}");
 }
 
 /// A compose health check's shell command (`CMD bash -c COMMAND`).

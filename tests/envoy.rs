@@ -140,7 +140,7 @@ fn shipped_envoy_yaml_passes_envoy_validation() {
     wasm_path();
     let (ok, output) = envoy_validate(&repo_root().join("envoy.yaml"));
     assert!(ok, "{output}");
-    assert!(output.contains("configured with 6 rule(s)"), "{output}");
+    assert!(output.contains("configured with 7 rule(s)"), "{output}");
     // The filter says which release it is, the version of the whole workspace.
     let version = format!("ratelimit-wasm {}:", env!("CARGO_PKG_VERSION"));
     assert!(output.contains(&version), "{output}");
