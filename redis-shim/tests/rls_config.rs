@@ -10,14 +10,14 @@ use std::process::Command;
 use std::time::Duration;
 use support::*;
 
-/// A directory of three files: `a-quota.yaml` (an unsupported field), `b-good.yaml`, and
+/// A directory of three files: `a-quota.yaml` (a switch that is not a boolean), `b-good.yaml`, and
 /// `c-unit.yaml` (a unit it does not know, two levels down).
 fn two_bad_files_and_a_good_one() -> PathBuf {
     let dir = scratch("rls-config").join("config");
     fs::create_dir_all(&dir).unwrap();
     fs::write(
         dir.join("a-quota.yaml"),
-        "domain: one\ndescriptors:\n  - key: api_key\n    quota_mode: true\n    rate_limit: { unit: day, requests_per_unit: 3 }\n",
+        "domain: one\ndescriptors:\n  - key: api_key\n    quota_mode: sometimes\n    rate_limit: { unit: day, requests_per_unit: 3 }\n",
     )
     .unwrap();
     fs::write(
@@ -36,7 +36,7 @@ fn two_bad_files_and_a_good_one() -> PathBuf {
 fn assert_names_both(refused: &str) {
     assert!(refused.contains("2 errors"), "{refused}");
     assert!(
-        refused.contains("a-quota.yaml: descriptors[0].quota_mode: not supported"),
+        refused.contains("a-quota.yaml: descriptors[0].quota_mode: must be true or false"),
         "{refused}"
     );
     assert!(
