@@ -85,3 +85,30 @@ fn the_binary_refuses_every_bad_file_before_it_listens() {
         "nothing listens before the refusal:\n{log}"
     );
 }
+
+/// `tests/rls-upstream/` of the repository: limits in envoyproxy/ratelimit's format using
+/// each of its features, one domain in two files.
+fn upstream_format_limits() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/rls-upstream")
+}
+
+#[test]
+fn limits_using_every_upstream_feature_load_merged_and_are_refused_unmerged() {
+    use redis_shim::decide::rls::loading::{check, load, ConfigFiles};
+    let files = |merge_domains| ConfigFiles {
+        config_path: upstream_format_limits(),
+        filter_config_path: None,
+        merge_domains,
+    };
+    let config = load(&files(true)).unwrap_or_else(|errors| panic!("{errors:?}"));
+    let edge = &config.domains["edge"];
+    assert!(edge.children.contains_key("path_/api/*/items"), "the first file");
+    assert!(edge.children.contains_key("service_svc-*"), "the second file");
+    assert!(edge.children["file_files/*"].share_threshold);
+    let limits = config.limits();
+    assert!(limits
+        .iter()
+        .any(|limit| limit.quota_mode && limit.metadata.is_some()));
+    let refused = check(&files(false)).unwrap_err();
+    assert!(refused.contains("edge-services.yaml: domain"), "{refused}");
+}
