@@ -298,7 +298,7 @@ fn a_configuration_it_cannot_run_is_refused_at_start_naming_the_field() {
     let config = dir.join("limits.yaml");
     fs::write(
         &config,
-        "domain: edge\ndescriptors:\n  - key: api_key\n    quota_mode: true\n    rate_limit: { unit: day, requests_per_unit: 3 }\n",
+        "domain: edge\ndescriptors:\n  - key: api_key\n    quota_mode: sometimes\n    rate_limit: { unit: day, requests_per_unit: 3 }\n",
     )
     .unwrap();
     let refused = Shim::refusal(&[
@@ -422,7 +422,7 @@ fn a_bad_rewrite_keeps_the_last_good_limit_and_counts_a_refused_reload() {
 
     let bad = limits_with_api_key_at(5).replace(
         "  - key: remote_address\n",
-        "  - key: remote_address\n    quota_mode: true\n",
+        "  - key: remote_address\n    quota_mode: sometimes\n",
     );
     fs::write(&file, bad).unwrap();
     wait_until("a refused reload", Duration::from_secs(15), || {

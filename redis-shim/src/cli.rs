@@ -4,6 +4,7 @@
 //! In the library, not the binary, so tests start the shim in-process with exactly the
 //! flags an operator would pass.
 
+use crate::decide::rls::settings::Settings;
 use crate::ops::counters::CountersCommand;
 use crate::store::redis_connection::RedisConfig;
 use crate::store::regions::RegionFlags;
@@ -97,6 +98,29 @@ pub struct Args {
     /// --rls-config that share a filter rule's counter (`filter_rule`, docs/RLS.md).
     #[arg(long, env = "RLSHIM_RLS_FILTER_CONFIG", requires = "rls_config")]
     pub rls_filter_config: Option<PathBuf>,
+    /// Merge a domain configured in several --rls-config files, as envoyproxy/ratelimit's
+    /// MERGE_DOMAIN_CONFIG does (a descriptor in two of them is still refused). Without
+    /// it, a domain in a second file is refused.
+    #[arg(long, env = "RLSHIM_RLS_MERGE_DOMAINS", requires = "rls_config")]
+    pub rls_merge_domains: bool,
+    /// Answer every ShouldRateLimit OK overall, as envoyproxy/ratelimit's SHADOW_MODE:
+    /// descriptors are counted and keep their own codes; what would have refused counts
+    /// as shadow_over_limit.
+    #[arg(long, env = "RLSHIM_RLS_SHADOW_MODE", requires = "rls_config")]
+    pub rls_shadow_mode: bool,
+    /// Every descriptor in quota mode, as envoyproxy/ratelimit's QUOTA_MODE: a request is
+    /// refused only when all its descriptors are over their limits.
+    #[arg(long, env = "RLSHIM_RLS_QUOTA_MODE", requires = "rls_config")]
+    pub rls_quota_mode: bool,
+    /// Return the request and the passed limits' `metadata` as the answer's dynamic
+    /// metadata, as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA.
+    #[arg(long, env = "RLSHIM_RLS_RESPONSE_METADATA", requires = "rls_config")]
+    pub rls_response_metadata: bool,
+    /// Count as envoyproxy/ratelimit does: every descriptor charged on its own, whatever
+    /// the others answer, and one refused spends the rest of its window. Without it, a
+    /// refused request charges nothing (docs/RLS.md, "Deviations").
+    #[arg(long, env = "RLSHIM_RLS_UPSTREAM_COUNTING", requires = "rls_config")]
+    pub rls_upstream_counting: bool,
     /// This shim's region, when it serves several (docs/REGIONS.md). Every shim of a
     /// region shares the region's Redis (--redis-url).
     #[arg(long, env = "RLSHIM_REGION")]
@@ -193,6 +217,13 @@ impl Args {
                     listen,
                     config_path,
                     filter_config_path: self.rls_filter_config.clone(),
+                    merge_domains: self.rls_merge_domains,
+                    settings: Settings {
+                        shadow_mode: self.rls_shadow_mode,
+                        quota_mode: self.rls_quota_mode,
+                        response_metadata: self.rls_response_metadata,
+                        upstream_counting: self.rls_upstream_counting,
+                    },
                 }),
         }
     }

@@ -10,14 +10,14 @@ use std::process::Command;
 use std::time::Duration;
 use support::*;
 
-/// A directory of three files: `a-quota.yaml` (an unsupported field), `b-good.yaml`, and
+/// A directory of three files: `a-quota.yaml` (a switch that is not a boolean), `b-good.yaml`, and
 /// `c-unit.yaml` (a unit it does not know, two levels down).
 fn two_bad_files_and_a_good_one() -> PathBuf {
     let dir = scratch("rls-config").join("config");
     fs::create_dir_all(&dir).unwrap();
     fs::write(
         dir.join("a-quota.yaml"),
-        "domain: one\ndescriptors:\n  - key: api_key\n    quota_mode: true\n    rate_limit: { unit: day, requests_per_unit: 3 }\n",
+        "domain: one\ndescriptors:\n  - key: api_key\n    quota_mode: sometimes\n    rate_limit: { unit: day, requests_per_unit: 3 }\n",
     )
     .unwrap();
     fs::write(
@@ -36,7 +36,7 @@ fn two_bad_files_and_a_good_one() -> PathBuf {
 fn assert_names_both(refused: &str) {
     assert!(refused.contains("2 errors"), "{refused}");
     assert!(
-        refused.contains("a-quota.yaml: descriptors[0].quota_mode: not supported"),
+        refused.contains("a-quota.yaml: descriptors[0].quota_mode: must be true or false"),
         "{refused}"
     );
     assert!(
@@ -84,4 +84,31 @@ fn the_binary_refuses_every_bad_file_before_it_listens() {
         !log.contains("listening"),
         "nothing listens before the refusal:\n{log}"
     );
+}
+
+/// `tests/rls-upstream/` of the repository: limits in envoyproxy/ratelimit's format using
+/// each of its features, one domain in two files.
+fn upstream_format_limits() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/rls-upstream")
+}
+
+#[test]
+fn limits_using_every_upstream_feature_load_merged_and_are_refused_unmerged() {
+    use redis_shim::decide::rls::loading::{check, load, ConfigFiles};
+    let files = |merge_domains| ConfigFiles {
+        config_path: upstream_format_limits(),
+        filter_config_path: None,
+        merge_domains,
+    };
+    let config = load(&files(true)).unwrap_or_else(|errors| panic!("{errors:?}"));
+    let edge = &config.domains["edge"];
+    assert!(edge.children.contains_key("path_/api/*/items"), "the first file");
+    assert!(edge.children.contains_key("service_svc-*"), "the second file");
+    assert!(edge.children["file_files/*"].share_threshold);
+    let limits = config.limits();
+    assert!(limits
+        .iter()
+        .any(|limit| limit.quota_mode && limit.metadata.is_some()));
+    let refused = check(&files(false)).unwrap_err();
+    assert!(refused.contains("edge-services.yaml: domain"), "{refused}");
 }

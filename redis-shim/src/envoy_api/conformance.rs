@@ -80,8 +80,25 @@ fn a_rate_limit_response_reads_in_envoy_as_the_shim_wrote_it() {
                 ..Default::default()
             },
         ],
+        dynamic_metadata: Some(metadata()),
     };
     let read: envoy_ratelimit::RateLimitResponse = reencode(&sent);
+    let fields = read.dynamic_metadata.expect("the metadata").fields;
+    use envoy_protobuf::value::Kind as EnvoyKind;
+    assert_eq!(fields["domain"].kind, Some(EnvoyKind::StringValue("edge".into())));
+    let Some(EnvoyKind::ListValue(list)) = &fields["descriptors"].kind else {
+        panic!("{fields:?}")
+    };
+    assert_eq!(list.values[0].kind, Some(EnvoyKind::NumberValue(1.5)));
+    assert_eq!(list.values[1].kind, Some(EnvoyKind::BoolValue(true)));
+    assert_eq!(list.values[2].kind, Some(EnvoyKind::NullValue(0)));
+    let Some(EnvoyKind::StructValue(nested)) = &fields["metadata"].kind else {
+        panic!("{fields:?}")
+    };
+    assert_eq!(
+        nested.fields["name"].kind,
+        Some(EnvoyKind::StringValue("svc".into()))
+    );
     use envoy_ratelimit::rate_limit_response::{rate_limit::Unit, Code};
     assert_eq!(read.overall_code, Code::OverLimit as i32);
     let status = &read.statuses[0];
@@ -95,6 +112,30 @@ fn a_rate_limit_response_reads_in_envoy_as_the_shim_wrote_it() {
     assert_eq!((reset.seconds, reset.nanos), (2, 500));
     assert_eq!(read.statuses[1].code, Code::Ok as i32);
     assert!(read.statuses[1].current_limit.is_none());
+}
+
+/// A Struct holding every kind of value.
+fn metadata() -> protobuf::Struct {
+    use protobuf::{Kind, ListValue, Struct, Value};
+    let text = |s: &str| Value::of(Kind::StringValue(s.into()));
+    let nested = Struct {
+        fields: [("name".to_string(), text("svc"))].into(),
+    };
+    let list = ListValue {
+        values: vec![
+            Value::of(Kind::NumberValue(1.5)),
+            Value::of(Kind::BoolValue(true)),
+            Value::of(Kind::NullValue(0)),
+        ],
+    };
+    Struct {
+        fields: [
+            ("domain".to_string(), text("edge")),
+            ("descriptors".to_string(), Value::of(Kind::ListValue(list))),
+            ("metadata".to_string(), Value::of(Kind::StructValue(nested))),
+        ]
+        .into(),
+    }
 }
 
 #[test]

@@ -27,12 +27,56 @@ pub mod protobuf {
         #[prost(uint64, tag = "1")]
         pub value: u64,
     }
+
+    /// `google.protobuf.Struct`: a JSON object, as a response's dynamic metadata.
+    #[derive(Clone, PartialEq, ::prost::Message)]
+    pub struct Struct {
+        #[prost(btree_map = "string, message", tag = "1")]
+        pub fields: std::collections::BTreeMap<String, Value>,
+    }
+
+    /// `google.protobuf.Value`: one JSON value.
+    #[derive(Clone, PartialEq, ::prost::Message)]
+    pub struct Value {
+        #[prost(oneof = "Kind", tags = "1, 2, 3, 4, 5, 6")]
+        pub kind: Option<Kind>,
+    }
+
+    /// The `kind` oneof of a [`Value`]; `NullValue` has the one value 0.
+    #[derive(Clone, PartialEq, ::prost::Oneof)]
+    pub enum Kind {
+        #[prost(int32, tag = "1")]
+        NullValue(i32),
+        #[prost(double, tag = "2")]
+        NumberValue(f64),
+        #[prost(string, tag = "3")]
+        StringValue(String),
+        #[prost(bool, tag = "4")]
+        BoolValue(bool),
+        #[prost(message, tag = "5")]
+        StructValue(Struct),
+        #[prost(message, tag = "6")]
+        ListValue(ListValue),
+    }
+
+    /// `google.protobuf.ListValue`: a JSON array.
+    #[derive(Clone, PartialEq, ::prost::Message)]
+    pub struct ListValue {
+        #[prost(message, repeated, tag = "1")]
+        pub values: Vec<Value>,
+    }
+
+    impl Value {
+        pub fn of(kind: Kind) -> Value {
+            Value { kind: Some(kind) }
+        }
+    }
 }
 
 /// `envoy.service.ratelimit.v3` with the descriptor of
 /// `envoy.extensions.common.ratelimit.v3`.
 pub mod ratelimit {
-    use super::protobuf::{Duration, UInt64Value};
+    use super::protobuf::{Duration, Struct, UInt64Value};
 
     #[derive(Clone, PartialEq, ::prost::Message)]
     pub struct RateLimitRequest {
@@ -81,6 +125,10 @@ pub mod ratelimit {
         pub overall_code: i32,
         #[prost(message, repeated, tag = "2")]
         pub statuses: Vec<DescriptorStatus>,
+        /// Set with `--rls-response-metadata` (upstream's RESPONSE_DYNAMIC_METADATA): Envoy
+        /// stores it as the filter's dynamic metadata (`envoy.filters.http.ratelimit`).
+        #[prost(message, optional, tag = "6")]
+        pub dynamic_metadata: Option<Struct>,
     }
 
     /// `RateLimitResponse.Code`.

@@ -34,18 +34,21 @@ const CALL_OUTCOMES: [(CallOutcome, &str); 6] = [
 pub enum DescriptorOutcome {
     Ok,
     OverLimit,
-    /// Over a limit in shadow mode: answered OK.
+    /// Over a limit in shadow mode (its own or the service's): answered OK.
     ShadowOverLimit,
+    /// Over a limit in quota mode: refuses only with every quota-mode descriptor.
+    QuotaOverLimit,
     Unlimited,
     NoLimit,
     /// Its limit is named in another matched limit's `replaces`: not counted.
     Replaced,
 }
 
-const DESCRIPTOR_OUTCOMES: [(DescriptorOutcome, &str); 6] = [
+const DESCRIPTOR_OUTCOMES: [(DescriptorOutcome, &str); 7] = [
     (DescriptorOutcome::Ok, "ok"),
     (DescriptorOutcome::OverLimit, "over_limit"),
     (DescriptorOutcome::ShadowOverLimit, "shadow_over_limit"),
+    (DescriptorOutcome::QuotaOverLimit, "quota_over_limit"),
     (DescriptorOutcome::Unlimited, "unlimited"),
     (DescriptorOutcome::NoLimit, "no_limit"),
     (DescriptorOutcome::Replaced, "replaced"),

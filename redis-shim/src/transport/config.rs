@@ -2,6 +2,7 @@
 //! the shim cannot run safely with before anything is served.
 
 use crate::decide::rls::loading::ConfigFiles;
+use crate::decide::rls::settings::Settings;
 use crate::store::redis_connection::RedisConfig;
 use crate::store::regions::RegionFlags;
 use std::net::SocketAddr;
@@ -49,6 +50,10 @@ pub struct RlsOptions {
     pub config_path: PathBuf,
     /// The Wasm filter's plugin configuration, for limits sharing its rules' counters.
     pub filter_config_path: Option<PathBuf>,
+    /// A domain in several files is merged (`--rls-merge-domains`).
+    pub merge_domains: bool,
+    /// The service-wide switches (`--rls-shadow-mode`, ...).
+    pub settings: Settings,
 }
 
 impl RlsOptions {
@@ -57,6 +62,7 @@ impl RlsOptions {
         ConfigFiles {
             config_path: self.config_path.clone(),
             filter_config_path: self.filter_config_path.clone(),
+            merge_domains: self.merge_domains,
         }
     }
 }

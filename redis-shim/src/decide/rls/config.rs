@@ -1,38 +1,81 @@
 //! `--rls-config`: envoyproxy/ratelimit's YAML configuration (one file, or every `.yaml`
 //! and `.yml` file of a directory) loaded into [`RlsConfig`], each domain a tree of
-//! descriptors. Read field by field rather than through serde, so that every refusal
-//! names the file and the field's path, and so that the fields envoyproxy/ratelimit
-//! knows but the shim does not run are refused by name instead of ignored.
+//! descriptors ([`super::descriptors`] reads each level, field by field, so that every
+//! refusal names the file and the field's path). A domain in two files is refused, or
+//! merged with `--rls-merge-domains` (upstream's MERGE_DOMAIN_CONFIG).
 
+use super::descriptors::{load_descriptors, Context};
 use super::shared::{Position, SharedCounter};
 pub use super::unit::Unit;
-use super::yaml_fields::{bool_field, known_fields, mapping, string_field};
-use ratelimit_wire::{Algorithm, MAX_LIMIT};
-use serde_yaml::{Mapping, Value};
+use super::wildcard::Wildcard;
+use super::yaml_fields::{known_fields, mapping};
+use crate::envoy_api::messages::protobuf::Struct;
+use ratelimit_wire::Algorithm;
+use serde_yaml::Value;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Every domain's descriptor tree.
 #[derive(Debug, Default)]
 pub struct RlsConfig {
     pub domains: HashMap<String, Node>,
+    /// A domain in a second file adds to the first (`--rls-merge-domains`) instead of
+    /// being refused.
+    pub merge_domains: bool,
 }
 
 /// One level of a domain's descriptors: its children by `key_value` (or `key` alone for
-/// a descriptor without a value, which matches any value), and its limit, if any.
+/// a descriptor without a value, which matches any value), the wildcard ones among them
+/// in the configuration's order, and its limit, if any.
 #[derive(Debug, Default)]
 pub struct Node {
     pub children: HashMap<String, Node>,
+    pub wildcards: Vec<Wildcard>,
     pub limit: Option<Limit>,
+    /// `share_threshold`: every value matching this descriptor's wildcard counts on one
+    /// counter, the pattern's.
+    pub share_threshold: bool,
+    /// `value_to_metric`: accepted; upstream puts the value in its statistics' names,
+    /// and the shim keeps no per-descriptor series.
+    pub value_to_metric: bool,
+}
+
+/// How an entry went down to a child ([`Node::matched`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Via<'a> {
+    /// Its `key_value`, exactly.
+    Value,
+    /// A wildcard `value`; the pattern's value part when the child has `share_threshold`
+    /// (what the entry is counted as).
+    Wildcard { shared_as: Option<&'a str> },
+    /// The value-less `key`.
+    Key,
 }
 
 impl Node {
-    /// The child an entry goes down to: the one with its key and value, else the
-    /// value-less one with its key.
+    /// The child an entry goes down to: the one with its key and value, else the first
+    /// wildcard that matches them, else the value-less one with its key.
     pub fn child(&self, key: &str, value: &str) -> Option<&Node> {
-        self.children
-            .get(&format!("{key}_{value}"))
-            .or_else(|| self.children.get(key))
+        self.matched(key, value).map(|(child, _)| child)
+    }
+
+    /// [`Node::child`], and how it matched.
+    pub fn matched(&self, key: &str, value: &str) -> Option<(&Node, Via<'_>)> {
+        let key_value = format!("{key}_{value}");
+        if let Some(child) = self.children.get(&key_value) {
+            return Some((child, Via::Value));
+        }
+        for wildcard in &self.wildcards {
+            if wildcard.matches(&key_value) {
+                let Some(child) = self.children.get(&wildcard.final_key) else {
+                    continue;
+                };
+                let shared_as = child.share_threshold.then(|| wildcard.value_of(key));
+                return Some((child, Via::Wildcard { shared_as }));
+            }
+        }
+        self.children.get(key).map(|child| (child, Via::Key))
     }
 }
 
@@ -46,8 +89,13 @@ pub struct Limit {
     /// None when `unlimited`.
     pub rate: Option<Rate>,
     pub shadow_mode: bool,
+    /// `quota_mode`: over its limit, it refuses the request only when every quota-mode
+    /// descriptor of the request is over too (`super::response`).
+    pub quota_mode: bool,
     pub replaces: Vec<String>,
     pub detailed_metric: bool,
+    /// The descriptor's `metadata`, returned with `--rls-response-metadata`.
+    pub metadata: Option<Arc<Struct>>,
     /// `filter_rule`: counted on that Wasm filter rule's counter (`super::filter_rule`).
     pub shared: Option<SharedCounter>,
 }
@@ -73,11 +121,14 @@ pub fn no_filter_config(_: &str, _: &Limit, _: &Position, at: &str) -> Result<Sh
 }
 
 /// Loads `path`: a file, or every `.yaml`/`.yml` file of a directory (in name order),
-/// each `filter_rule` linked by `share`. Every file is read, so that the error names
-/// each file refused (each with its first error, `file: path.in.yaml: why`), not only
-/// the first one.
-pub fn load(path: &Path, share: &ShareRule) -> Result<RlsConfig, Vec<String>> {
-    let mut config = RlsConfig::default();
+/// each `filter_rule` linked by `share`, a domain in several files merged when
+/// `merge_domains`. Every file is read, so that the error names each file refused (each
+/// with its first error, `file: path.in.yaml: why`), not only the first one.
+pub fn load(path: &Path, share: &ShareRule, merge_domains: bool) -> Result<RlsConfig, Vec<String>> {
+    let mut config = RlsConfig {
+        merge_domains,
+        ..Default::default()
+    };
     let mut errors = Vec::new();
     for file in config_files(path).map_err(|e| vec![e])? {
         let added = std::fs::read_to_string(&file)
@@ -115,41 +166,51 @@ pub fn config_files(path: &Path) -> Result<Vec<std::path::PathBuf>, String> {
     Ok(files)
 }
 
+/// The file's one YAML document; empty documents around it (upstream's example begins
+/// with `---` twice) are skipped.
+fn document(text: &str) -> Result<Value, String> {
+    let mut documents = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(text) {
+        let value = serde::Deserialize::deserialize(document).map_err(|e| format!("not YAML: {e}"))?;
+        if !matches!(value, Value::Null) {
+            documents.push(value);
+        }
+    }
+    match documents.len() {
+        0 => Ok(Value::Null),
+        1 => Ok(documents.remove(0)),
+        n => Err(format!("{n} YAML documents: one domain per file")),
+    }
+}
+
 impl RlsConfig {
     /// Adds one file's domain; a domain already loaded is refused (as envoyproxy/ratelimit
-    /// does without MERGE_DOMAIN_CONFIG).
+    /// does without MERGE_DOMAIN_CONFIG) unless [`RlsConfig::merge_domains`].
     pub fn add_file(&mut self, text: &str) -> Result<(), String> {
         self.add_file_sharing(text, &no_filter_config)
     }
 
     /// As [`RlsConfig::add_file`], each `filter_rule` linked by `share`.
     pub fn add_file_sharing(&mut self, text: &str, share: &ShareRule) -> Result<(), String> {
-        let root: Value = serde_yaml::from_str(text).map_err(|e| format!("not YAML: {e}"))?;
+        let root = document(text)?;
         let root = mapping(&root, "the file")?;
         known_fields(root, "", &["domain", "descriptors"])?;
         let domain = match root.get("domain") {
             Some(Value::String(domain)) if !domain.is_empty() => domain.clone(),
             _ => return Err("domain: a non-empty string is required".into()),
         };
-        if self.domains.contains_key(&domain) {
+        if self.domains.contains_key(&domain) && !self.merge_domains {
             return Err(format!(
-                "domain: {domain:?} is already configured by another file"
+                "domain: {domain:?} is already configured by another file (--rls-merge-domains merges them)"
             ));
         }
-        let mut node = Node::default();
+        // A file that fails leaves the domain half merged: the whole load fails with it.
+        let node = self.domains.entry(domain.clone()).or_default();
         let context = Context {
             share,
             above_all_valued: true,
         };
-        load_descriptors(
-            &mut node,
-            root.get("descriptors"),
-            "descriptors",
-            &domain,
-            &context,
-        )?;
-        self.domains.insert(domain, node);
-        Ok(())
+        load_descriptors(node, root.get("descriptors"), "descriptors", &domain, &context)
     }
 
     /// One file's configuration, for tests.
@@ -170,207 +231,6 @@ impl RlsConfig {
         self.domains.values().for_each(|node| walk(node, &mut out));
         out
     }
-}
-
-/// What a level of descriptors needs to know beyond its own fields.
-struct Context<'a> {
-    share: &'a ShareRule<'a>,
-    /// Whether every descriptor above this level has a `value`.
-    above_all_valued: bool,
-}
-
-fn load_descriptors(
-    parent: &mut Node,
-    list: Option<&Value>,
-    at: &str,
-    path: &str,
-    context: &Context,
-) -> Result<(), String> {
-    let list = match list {
-        None | Some(Value::Null) => return Ok(()),
-        Some(Value::Sequence(list)) => list,
-        Some(_) => return Err(format!("{at}: must be a list")),
-    };
-    // A value counted apart beside a value-less descriptor sharing a filter rule would
-    // give that client one limit per path: the filter counts it under the rule. (A value
-    // unlimited here is unlimited already: the filter's limit only narrows it.)
-    let mut valued_keys = std::collections::HashSet::new();
-    let mut shared_keys = Vec::new();
-    for (i, item) in list.iter().enumerate() {
-        let at = format!("{at}[{i}]");
-        let map = mapping(item, &at)?;
-        let field_at = format!("{at}.");
-        known_fields(
-            map,
-            &field_at,
-            &[
-                "key",
-                "value",
-                "rate_limit",
-                "descriptors",
-                "shadow_mode",
-                "detailed_metric",
-            ],
-        )?;
-        let key = string_field(map, "key", &field_at)?;
-        if key.is_empty() {
-            return Err(format!("{at}.key: must not be empty"));
-        }
-        let value = string_field(map, "value", &field_at)?;
-        // envoyproxy/ratelimit matches a value holding `*` as a pattern; the shim would
-        // match it literally, so it refuses it rather than count differently.
-        if value.contains('*') {
-            return Err(format!(
-                "{at}.value: wildcard values ({value:?}) are not supported"
-            ));
-        }
-        let position = Position {
-            key: &key,
-            has_value: !value.is_empty(),
-            above_all_valued: context.above_all_valued,
-        };
-        let child_context = Context {
-            share: context.share,
-            above_all_valued: context.above_all_valued && !value.is_empty(),
-        };
-        let final_key = if value.is_empty() {
-            key.clone()
-        } else {
-            format!("{key}_{value}")
-        };
-        let node_path = format!("{path}.{final_key}");
-        if parent.children.contains_key(&final_key) {
-            return Err(format!("{at}: duplicate descriptor {node_path:?}"));
-        }
-        let mut node = Node::default();
-        let shadow_mode = bool_field(map, "shadow_mode", &field_at)?;
-        let detailed_metric = bool_field(map, "detailed_metric", &field_at)?;
-        if let Some(rate_limit) = map.get("rate_limit").filter(|v| !v.is_null()) {
-            let limit_at = format!("{at}.rate_limit");
-            let rate_limit = mapping(rate_limit, &limit_at)?;
-            let mut limit = load_limit(
-                rate_limit,
-                &limit_at,
-                node_path.clone(),
-                shadow_mode,
-                detailed_metric,
-            )?;
-            if let Some(rule) = rate_limit.get("filter_rule").filter(|v| !v.is_null()) {
-                let rule = rule
-                    .as_str()
-                    .ok_or_else(|| format!("{limit_at}.filter_rule: must be a rule's name"))?;
-                limit.shared = Some((context.share)(rule, &limit, &position, &limit_at)?);
-                shared_keys.push((key.clone(), limit_at));
-            }
-            if limit.rate.is_some() && !value.is_empty() {
-                valued_keys.insert(key.clone());
-            }
-            node.limit = Some(limit);
-        }
-        load_descriptors(
-            &mut node,
-            map.get("descriptors"),
-            &format!("{at}.descriptors"),
-            &node_path,
-            &child_context,
-        )?;
-        parent.children.insert(final_key, node);
-    }
-    for (key, limit_at) in shared_keys {
-        if valued_keys.contains(&key) {
-            return Err(format!(
-                "{limit_at}.filter_rule: another descriptor counts a value of {key:?} apart; the filter counts every value under the rule's one limit, so that client would pass both"
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn load_limit(
-    map: &Mapping,
-    at: &str,
-    path: String,
-    shadow_mode: bool,
-    detailed_metric: bool,
-) -> Result<Limit, String> {
-    let field_at = format!("{at}.");
-    known_fields(
-        map,
-        &field_at,
-        &[
-            "unit",
-            "requests_per_unit",
-            "unlimited",
-            "name",
-            "replaces",
-            "algorithm",
-            "filter_rule",
-        ],
-    )?;
-    let unlimited = bool_field(map, "unlimited", &field_at)?;
-    let unit_name = string_field(map, "unit", &field_at)?;
-    let rate = if unlimited {
-        if !unit_name.is_empty() {
-            return Err(format!("{at}.unit: an unlimited rate_limit takes no unit"));
-        }
-        None
-    } else {
-        let unit = Unit::parse(&unit_name).ok_or_else(|| {
-            format!("{at}.unit: {unit_name:?} is not one of second, minute, hour, day, week, month, year")
-        })?;
-        let requests_per_unit = match map.get("requests_per_unit") {
-            None | Some(Value::Null) => 0,
-            Some(Value::Number(n)) => n
-                .as_u64()
-                .filter(|&n| n <= MAX_LIMIT)
-                .ok_or_else(|| format!("{at}.requests_per_unit: must be 0..={MAX_LIMIT}"))?,
-            Some(_) => return Err(format!("{at}.requests_per_unit: must be a whole number")),
-        };
-        let algorithm = match string_field(map, "algorithm", &field_at)?.as_str() {
-            "" | "fixed_window" => Algorithm::FixedWindow,
-            "token_bucket" => Algorithm::TokenBucket,
-            other => {
-                return Err(format!(
-                    "{at}.algorithm: {other:?} is not fixed_window (the default) or token_bucket"
-                ))
-            }
-        };
-        Some(Rate {
-            requests_per_unit: u32::try_from(requests_per_unit).unwrap_or(u32::MAX),
-            unit,
-            algorithm,
-        })
-    };
-    let name = string_field(map, "name", &field_at)?;
-    let mut replaces = Vec::new();
-    match map.get("replaces") {
-        None | Some(Value::Null) => {}
-        Some(Value::Sequence(list)) => {
-            for (i, entry) in list.iter().enumerate() {
-                let entry_at = format!("{at}.replaces[{i}]");
-                let entry = mapping(entry, &entry_at)?;
-                known_fields(entry, &format!("{entry_at}."), &["name"])?;
-                let replaced = string_field(entry, "name", &format!("{entry_at}."))?;
-                if replaced.is_empty() {
-                    return Err(format!("{entry_at}.name: must not be empty"));
-                }
-                if replaced == name {
-                    return Err(format!("{entry_at}.name: a limit cannot replace itself"));
-                }
-                replaces.push(replaced);
-            }
-        }
-        Some(_) => return Err(format!("{at}.replaces: must be a list of {{name: ...}}")),
-    }
-    Ok(Limit {
-        path,
-        name,
-        rate,
-        shadow_mode,
-        replaces,
-        detailed_metric,
-        shared: None,
-    })
 }
 
 #[cfg(test)]
@@ -425,12 +285,14 @@ descriptors:
         let cases = [
             ("descriptors: []", "domain"),
             ("domain: a\nlimits: []", "limits: unknown field"),
-            ("domain: a\ndescriptors: [{ key: k, quota_mode: true }]", "descriptors[0].quota_mode: not supported"),
-            ("domain: a\ndescriptors: [{ key: k, metadata: { a: 1 } }]", "descriptors[0].metadata"),
-            ("domain: a\ndescriptors: [{ key: k, share_threshold: true }]", "share_threshold"),
-            ("domain: a\ndescriptors: [{ key: k, value_to_metric: true }]", "value_to_metric"),
+            ("domain: a\ndescriptors: [{ key: k, quota_mode: maybe }]", "descriptors[0].quota_mode: must be true or false"),
+            ("domain: a\ndescriptors: [{ key: k, metadata: [1] }]", "descriptors[0].metadata: must be a mapping"),
+            ("domain: a\ndescriptors: [{ key: k, share_threshold: true }]", "descriptors[0].share_threshold: only a wildcard"),
+            ("domain: a\ndescriptors: [{ key: k, value: v, share_threshold: true }]", "share_threshold"),
+            ("domain: a\ndescriptors: [{ key: k, value_to_metric: 1 }]", "value_to_metric"),
             ("domain: a\ndescriptors: [{ value: v }]", "descriptors[0].key"),
-            ("domain: a\ndescriptors: [{ key: k, value: \"a*\" }]", "descriptors[0].value: wildcard"),
+            ("domain: a\ndescriptors: [{ key: k, value: \"a*\" }, { key: k, value: \"a*\" }]", "descriptors[1]: duplicate"),
+            ("---\ndomain: a\n---\ndomain: b\n", "2 YAML documents"),
             ("domain: a\ndescriptors: [{ key: k }, { key: k }]", "descriptors[1]: duplicate"),
             (
                 "domain: a\ndescriptors: [{ key: k, descriptors: [{ key: j, rate_limit: { unit: fortnight } }] }]",
@@ -455,15 +317,64 @@ descriptors:
                 "{text}: {message} should name {expected}"
             );
         }
-        // Unsupported fields left at their default are harmless, as in envoyproxy/ratelimit.
-        assert!(RlsConfig::default()
-            .add_file("domain: a\ndescriptors: [{ key: k, quota_mode: false }]")
-            .is_ok());
         let mut twice = RlsConfig::default();
         twice.add_file("domain: a").unwrap();
         assert!(twice
             .add_file("domain: a")
             .unwrap_err()
             .contains("already configured"));
+    }
+
+    #[test]
+    fn upstreams_descriptor_switches_and_metadata_load() {
+        let config = RlsConfig::from_yaml(
+            r#"
+---
+---
+domain: edge
+descriptors:
+  - key: service
+    value: svc_*
+    quota_mode: true
+    share_threshold: true
+    value_to_metric: true
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+    metadata:
+      service_with_quota: { name: "svc" }
+"#,
+        );
+        let edge = &config.domains["edge"];
+        assert_eq!(edge.wildcards.len(), 1);
+        let service = &edge.children["service_svc_*"];
+        assert!(service.share_threshold && service.value_to_metric);
+        let limit = service.limit.as_ref().unwrap();
+        assert!(limit.quota_mode && !limit.shadow_mode);
+        assert!(limit
+            .metadata
+            .as_ref()
+            .unwrap()
+            .fields
+            .contains_key("service_with_quota"));
+        assert_eq!(
+            edge.child("service", "svc_a").unwrap().limit.as_ref(),
+            Some(limit)
+        );
+    }
+
+    #[test]
+    fn a_domain_in_two_files_merges_when_asked() {
+        let first = "domain: a\ndescriptors: [{ key: k, value: \"x*\", rate_limit: { unit: second, requests_per_unit: 1 } }]";
+        let second =
+            "domain: a\ndescriptors: [{ key: j, rate_limit: { unit: second, requests_per_unit: 2 } }]";
+        let mut merged = RlsConfig {
+            merge_domains: true,
+            ..Default::default()
+        };
+        merged.add_file(first).unwrap();
+        merged.add_file(second).unwrap();
+        let a = &merged.domains["a"];
+        assert!(a.child("k", "xy").is_some() && a.child("j", "v").is_some());
+        let refused = merged.add_file(first).unwrap_err();
+        assert!(refused.contains("descriptors[0]: duplicate"), "{refused}");
     }
 }

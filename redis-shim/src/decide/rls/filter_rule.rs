@@ -22,13 +22,20 @@ use std::path::Path;
 pub const REMOTE_ADDRESS: &str = "remote_address";
 
 /// `--rls-config` ([`config::load`]) with its `filter_rule`s linked to `filter`'s rules:
-/// every error found, each naming its file (or the files together, for a rule shared twice).
-pub fn load(path: &Path, filter: Option<&FilterConfig>) -> Result<RlsConfig, Vec<String>> {
+/// every error found, each naming its file (or the files together, for a rule shared
+/// twice); a domain in several files merged when `merge_domains`.
+pub fn load(
+    path: &Path,
+    filter: Option<&FilterConfig>,
+    merge_domains: bool,
+) -> Result<RlsConfig, Vec<String>> {
     let config = match filter {
-        Some(filter) => config::load(path, &|rule, limit, position, at| {
-            share(filter, rule, limit, position, at)
-        })?,
-        None => config::load(path, &config::no_filter_config)?,
+        Some(filter) => config::load(
+            path,
+            &|rule, limit, position, at| share(filter, rule, limit, position, at),
+            merge_domains,
+        )?,
+        None => config::load(path, &config::no_filter_config, merge_domains)?,
     };
     check_each_rule_shared_once(&config).map_err(|e| vec![e])?;
     Ok(config)
@@ -244,7 +251,7 @@ descriptors:
             }],
             hits_addend: 0,
         };
-        let mut planned = plan(config, &request).unwrap();
+        let mut planned = plan(config, &request, &Default::default()).unwrap();
         assert_eq!(planned.checks.len(), 1);
         planned.checks.remove(0)
     }

@@ -12,6 +12,8 @@ use std::path::PathBuf;
 pub struct ConfigFiles {
     pub config_path: PathBuf,
     pub filter_config_path: Option<PathBuf>,
+    /// `--rls-merge-domains`: a domain in several files is merged, not refused.
+    pub merge_domains: bool,
 }
 
 /// `--rls-config`, with `--rls-filter-config` for the `filter_rule`s it names, or every
@@ -24,7 +26,7 @@ pub fn load(options: &ConfigFiles) -> Result<config::RlsConfig, Vec<String>> {
         ),
         None => None,
     };
-    filter_rule::load(&options.config_path, filter.as_ref())
+    filter_rule::load(&options.config_path, filter.as_ref(), options.merge_domains)
 }
 
 /// The errors of [`load`] as one message: `--rls-config: ` and the one error, or how many
@@ -71,6 +73,7 @@ mod tests {
         ConfigFiles {
             config_path: dir.to_path_buf(),
             filter_config_path: None,
+            merge_domains: false,
         }
     }
 
@@ -80,14 +83,14 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
             dir.join("a.yaml"),
-            "domain: a\ndescriptors: [{ key: k, metadata: { x: 1 } }]",
+            "domain: a\ndescriptors: [{ key: k, metadata: [1] }]",
         )
         .unwrap();
         std::fs::write(dir.join("b.yml"), "domain: b\ndescriptors: [{ key: k }]").unwrap();
         std::fs::write(dir.join("c.yaml"), "domain: b\n").unwrap();
         std::fs::write(
             dir.join("d.yaml"),
-            "domain: d\ndescriptors: [{ key: k, value: \"x*\" }]",
+            "domain: d\ndescriptors: [{ key: k, share_threshold: true }]",
         )
         .unwrap();
         std::fs::write(dir.join("notes.txt"), "not a configuration").unwrap();
@@ -101,7 +104,10 @@ mod tests {
             errors[1].contains("c.yaml: domain: \"b\" is already configured"),
             "{errors:?}"
         );
-        assert!(errors[2].contains("d.yaml: descriptors[0].value"), "{errors:?}");
+        assert!(
+            errors[2].contains("d.yaml: descriptors[0].share_threshold"),
+            "{errors:?}"
+        );
         let message = describe(&errors);
         assert!(message.starts_with("--rls-config: 3 errors:\n  "), "{message}");
         assert_eq!(message.lines().count(), 4, "{message}");

@@ -1,18 +1,49 @@
 //! Which configured limit a request's descriptor falls under, as envoyproxy/ratelimit
 //! decides it: entry by entry down the domain's tree, each entry matching the child
-//! `key_value` if there is one, else the value-less child `key` (any value); the limit
-//! applies only when it sits at the depth of the descriptor's last entry. A descriptor
-//! with more entries than the tree, or one that stops above a limit, has no limit.
+//! `key_value` if there is one, else the first wildcard `value` of that level that
+//! matches, else the value-less child `key` (any value); the limit applies only when it
+//! sits at the depth of the descriptor's last entry. A descriptor with more entries than
+//! the tree, or one that stops above a limit, has no limit. An entry that went through a
+//! `share_threshold` wildcard is counted as the pattern (`files/*`), not its value, so
+//! every value matching it shares one counter.
 
-use super::config::{Limit, Node, RlsConfig};
+use super::config::{Limit, Node, RlsConfig, Via};
+
+/// The limit a descriptor falls under, and the entries its counter is keyed by.
+#[derive(Debug, PartialEq)]
+pub struct Found<'a, 'e> {
+    pub limit: &'a Limit,
+    /// The descriptor's entries, each value a `share_threshold` wildcard matched replaced
+    /// by its pattern.
+    pub counted: Vec<(&'e str, &'e str)>,
+}
 
 /// The limit for `entries` (key, value pairs) in `domain`, if any.
 pub fn find_limit<'a>(config: &'a RlsConfig, domain: &str, entries: &[(&str, &str)]) -> Option<&'a Limit> {
+    find(config, domain, entries).map(|found| found.limit)
+}
+
+/// [`find_limit`], with the entries its counter is keyed by.
+pub fn find<'a, 'e>(
+    config: &'a RlsConfig,
+    domain: &str,
+    entries: &[(&'e str, &'e str)],
+) -> Option<Found<'a, 'e>>
+where
+    'a: 'e,
+{
     let mut node: &Node = config.domains.get(domain)?;
-    for (depth, (key, value)) in entries.iter().enumerate() {
-        let child = node.child(key, value)?;
+    let mut counted = Vec::with_capacity(entries.len());
+    for (depth, &(key, value)) in entries.iter().enumerate() {
+        let (child, via) = node.matched(key, value)?;
+        counted.push(match via {
+            Via::Wildcard {
+                shared_as: Some(pattern),
+            } => (key, pattern),
+            _ => (key, value),
+        });
         if depth + 1 == entries.len() {
-            return child.limit.as_ref();
+            return child.limit.as_ref().map(|limit| Found { limit, counted });
         }
         node = child;
     }
@@ -77,5 +108,59 @@ descriptors:
         );
         assert_eq!(find_limit(&config, "edge", &[("unknown", "x")]), None);
         assert_eq!(find_limit(&config, "other", &[("path", "/login")]), None);
+    }
+
+    const WILDCARDS: &str = r#"
+domain: edge
+descriptors:
+  - key: path
+    value: /api/*/items
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: path
+    value: /api/*
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+  - key: path
+    value: /api/v1/items
+    rate_limit: { unit: minute, requests_per_unit: 3 }
+  - key: path
+    rate_limit: { unit: minute, requests_per_unit: 4 }
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: { unit: minute, requests_per_unit: 5 }
+  - key: tenant
+    value: t-*
+    share_threshold: true
+    descriptors:
+      - key: user
+        value: u*
+        rate_limit: { unit: minute, requests_per_unit: 6 }
+"#;
+
+    #[test]
+    fn an_exact_value_then_the_first_wildcard_then_the_key() {
+        let config = RlsConfig::from_yaml(WILDCARDS);
+        let limit = |value: &str| rpu(find_limit(&config, "edge", &[("path", value)]));
+        assert_eq!(limit("/api/v1/items"), Some(3), "the exact value first");
+        assert_eq!(limit("/api/v2/items"), Some(1), "the first wildcard in order");
+        assert_eq!(limit("/api/v2/other"), Some(2));
+        assert_eq!(limit("/web"), Some(4), "no wildcard matches: the key");
+    }
+
+    #[test]
+    fn a_shared_threshold_counts_the_pattern_at_any_depth() {
+        let config = RlsConfig::from_yaml(WILDCARDS);
+        let found = find(&config, "edge", &[("files", "files/a.pdf")]).unwrap();
+        assert_eq!(found.counted, [("files", "files/*")]);
+        let found = find(&config, "edge", &[("tenant", "t-1"), ("user", "u42")]).unwrap();
+        assert_eq!(rpu(Some(found.limit)), Some(6));
+        assert_eq!(
+            found.counted,
+            [("tenant", "t-*"), ("user", "u42")],
+            "the user's wildcard does not share: its own value counts"
+        );
+        let found = find(&config, "edge", &[("path", "/api/x")]).unwrap();
+        assert_eq!(found.counted, [("path", "/api/x")], "no share_threshold");
+        assert_eq!(find(&config, "edge", &[("tenant", "x-1"), ("user", "u1")]), None);
     }
 }

@@ -1,19 +1,20 @@
 //! One `ShouldRateLimit` request, without I/O: which limit each descriptor falls under
 //! ([`plan`]: matching, `replaces`, `unlimited`, the request's own limit override and
-//! hits) and the checks that go to Redis; then the answer from the checks' results
-//! ([`answer`]): per descriptor `OK`/`OVER_LIMIT`, `current_limit`, `limit_remaining` and
-//! `duration_until_reset`, and overall `OVER_LIMIT` when any enforcing descriptor is.
+//! hits) and the checks that go to Redis. A check refuses the request only when its
+//! limit enforces: one in shadow or quota mode (its own, or the service's
+//! [`Settings`]) is charged when it admits and never refuses by itself; the answer
+//! ([`super::response`]) decides what quota mode refuses.
 
 use super::config::{Limit, Rate, RlsConfig, Unit};
 use super::counter_key::counter_key;
-use super::matching::find_limit;
+use super::matching::find;
+use super::settings::Settings;
 use super::shared::SharedCounter;
-use crate::envoy_api::messages::protobuf::Duration as PbDuration;
-use crate::envoy_api::messages::ratelimit::{
-    Code, DescriptorStatus, RateLimit, RateLimitRequest, RateLimitResponse, Unit as PbUnit,
-};
-use ratelimit_wire::{Algorithm, Check, CheckResult, MAX_LIMIT};
+use crate::envoy_api::messages::protobuf::Struct;
+use crate::envoy_api::messages::ratelimit::{RateLimit, RateLimitRequest, Unit as PbUnit};
+use ratelimit_wire::{Algorithm, Check, MAX_LIMIT};
 use std::collections::HashSet;
+use std::sync::Arc;
 
 /// What a request's descriptors come to.
 #[derive(Debug)]
@@ -35,8 +36,9 @@ pub enum Planned {
     /// Counted by `checks[check]`.
     Counted { limit: Applied, check: usize },
     /// Its hits exceed its whole limit (or the limit is 0): over the limit without asking
-    /// Redis, and nothing of the request is charged.
-    Exceeds { limit: Applied },
+    /// Redis, and nothing of the request is charged (`counter` is its counter, with a
+    /// cost of the whole limit, for upstream counting to fill).
+    Exceeds { limit: Applied, counter: Check },
 }
 
 /// The limit a descriptor is counted against.
@@ -44,17 +46,22 @@ pub enum Planned {
 pub struct Applied {
     pub name: String,
     pub rate: Rate,
+    /// The limit's own `shadow_mode`: its descriptor is answered `OK`.
     pub shadow_mode: bool,
+    /// Its own `quota_mode`, or the service's.
+    pub quota_mode: bool,
+    /// Its descriptor's `metadata`.
+    pub metadata: Option<Arc<Struct>>,
     /// Counted on a filter rule's counter instead of its own.
     pub shared: Option<SharedCounter>,
 }
 
 impl Applied {
-    fn period_ms(&self) -> u64 {
+    pub fn period_ms(&self) -> u64 {
         self.rate.unit.seconds() * 1000
     }
 
-    fn current_limit(&self) -> RateLimit {
+    pub fn current_limit(&self) -> RateLimit {
         RateLimit {
             name: self.name.clone(),
             requests_per_unit: self.rate.requests_per_unit,
@@ -89,15 +96,16 @@ fn unit_of(unit: PbUnit) -> Option<Unit> {
 }
 
 /// What a descriptor matched before `replaces` is applied.
-enum Matched<'a> {
+enum Matched<'a, 'e> {
     None,
-    Configured(&'a Limit),
+    /// A configured limit, and the entries its counter is keyed by.
+    Configured(&'a Limit, Vec<(&'e str, &'e str)>),
     /// The request's own `limit` (envoyproxy/ratelimit honours it in a known domain).
     Override(Rate),
 }
 
 /// Plans `request` against `config`; an error is the request's fault (INVALID_ARGUMENT).
-pub fn plan(config: &RlsConfig, request: &RateLimitRequest) -> Result<Plan, String> {
+pub fn plan(config: &RlsConfig, request: &RateLimitRequest, settings: &Settings) -> Result<Plan, String> {
     if request.domain.is_empty() {
         return Err("domain: must not be empty".into());
     }
@@ -132,8 +140,8 @@ pub fn plan(config: &RlsConfig, request: &RateLimitRequest) -> Result<Plan, Stri
                     algorithm: Algorithm::FixedWindow,
                 })
             }
-            _ => match find_limit(config, &request.domain, &entries) {
-                Some(limit) => Matched::Configured(limit),
+            _ => match find(config, &request.domain, &entries) {
+                Some(found) => Matched::Configured(found.limit, found.counted),
                 None => Matched::None,
             },
         });
@@ -141,7 +149,7 @@ pub fn plan(config: &RlsConfig, request: &RateLimitRequest) -> Result<Plan, Stri
     let replaced: HashSet<&str> = matched
         .iter()
         .filter_map(|m| match m {
-            Matched::Configured(limit) => Some(limit.replaces.iter().map(String::as_str)),
+            Matched::Configured(limit, _) => Some(limit.replaces.iter().map(String::as_str)),
             _ => None,
         })
         .flatten()
@@ -151,18 +159,29 @@ pub fn plan(config: &RlsConfig, request: &RateLimitRequest) -> Result<Plan, Stri
         checks: Vec::new(),
     };
     for (i, (descriptor, matched)) in request.descriptors.iter().zip(matched).enumerate() {
-        let applied = match matched {
+        let own_entries: Vec<(&str, &str)> = descriptor
+            .entries
+            .iter()
+            .map(|entry| (entry.key.as_str(), entry.value.as_str()))
+            .collect();
+        let (applied, entries) = match matched {
             Matched::None => {
                 plan.descriptors.push(Planned::NoLimit);
                 continue;
             }
-            Matched::Override(rate) => Applied {
-                name: String::new(),
-                rate,
-                shadow_mode: false,
-                shared: None,
-            },
-            Matched::Configured(limit) => match limit.rate {
+            // The request's own limit is never in shadow or quota mode (as upstream).
+            Matched::Override(rate) => (
+                Applied {
+                    name: String::new(),
+                    rate,
+                    shadow_mode: false,
+                    quota_mode: settings.quota_mode,
+                    metadata: None,
+                    shared: None,
+                },
+                own_entries,
+            ),
+            Matched::Configured(limit, counted) => match limit.rate {
                 None => {
                     plan.descriptors.push(Planned::Unlimited);
                     continue;
@@ -171,12 +190,17 @@ pub fn plan(config: &RlsConfig, request: &RateLimitRequest) -> Result<Plan, Stri
                     plan.descriptors.push(Planned::Replaced);
                     continue;
                 }
-                Some(rate) => Applied {
-                    name: limit.name.clone(),
-                    rate,
-                    shadow_mode: limit.shadow_mode,
-                    shared: limit.shared.clone(),
-                },
+                Some(rate) => (
+                    Applied {
+                        name: limit.name.clone(),
+                        rate,
+                        shadow_mode: limit.shadow_mode,
+                        quota_mode: limit.quota_mode || settings.quota_mode,
+                        metadata: limit.metadata.clone(),
+                        shared: limit.shared.clone(),
+                    },
+                    counted,
+                ),
             },
         };
         let hits = match &descriptor.hits_addend {
@@ -188,15 +212,6 @@ pub fn plan(config: &RlsConfig, request: &RateLimitRequest) -> Result<Plan, Stri
             Some(hits) => hits.value,
             None => u64::from(request.hits_addend.max(1)),
         };
-        if hits > u64::from(applied.rate.requests_per_unit) {
-            plan.descriptors.push(Planned::Exceeds { limit: applied });
-            continue;
-        }
-        let entries: Vec<(&str, &str)> = descriptor
-            .entries
-            .iter()
-            .map(|entry| (entry.key.as_str(), entry.value.as_str()))
-            .collect();
         // A value the filter would not count (empty, or not an IP) keeps its own counter.
         let shared_key = applied
             .shared
@@ -211,17 +226,26 @@ pub fn plan(config: &RlsConfig, request: &RateLimitRequest) -> Result<Plan, Stri
                 applied.period_ms(),
             )
         });
-        plan.checks.push(Check {
+        let limit = u64::from(applied.rate.requests_per_unit);
+        let check = Check {
             key,
             algorithm: applied.rate.algorithm,
-            limit: u64::from(applied.rate.requests_per_unit),
+            limit,
             period_ms: applied.period_ms(),
-            cost: hits,
-            shadow: applied.shadow_mode,
+            cost: hits.min(limit),
+            shadow: applied.shadow_mode || applied.quota_mode || settings.shadow_mode,
             lease: 0,
             calendar: None,
             regions: Default::default(),
-        });
+        };
+        if hits > limit {
+            plan.descriptors.push(Planned::Exceeds {
+                limit: applied,
+                counter: check,
+            });
+            continue;
+        }
+        plan.checks.push(check);
         plan.descriptors.push(Planned::Counted {
             limit: applied,
             check: plan.checks.len() - 1,
@@ -236,76 +260,7 @@ impl Plan {
     pub fn refused_beforehand(&self) -> bool {
         self.descriptors
             .iter()
-            .any(|planned| matches!(planned, Planned::Exceeds { limit } if !limit.shadow_mode))
-    }
-}
-
-/// The answer to a planned request, from `results` (one per check, in order) at
-/// `now_ms` (Unix milliseconds, for the window end of descriptors Redis did not count).
-pub fn answer(plan: &Plan, results: &[CheckResult], now_ms: u64) -> RateLimitResponse {
-    let statuses: Vec<DescriptorStatus> = plan
-        .descriptors
-        .iter()
-        .map(|planned| match planned {
-            Planned::NoLimit | Planned::Replaced => status(Code::Ok, None, 0, None),
-            Planned::Unlimited => status(Code::Ok, None, u32::MAX, None),
-            Planned::Exceeds { limit } => {
-                let code = if limit.shadow_mode {
-                    Code::Ok
-                } else {
-                    Code::OverLimit
-                };
-                let reset = window_end_ms(limit, now_ms);
-                status(code, Some(limit), 0, Some(reset))
-            }
-            Planned::Counted { limit, check } => {
-                let result = results.get(*check).copied().unwrap_or_default();
-                let code = if result.allowed || limit.shadow_mode {
-                    Code::Ok
-                } else {
-                    Code::OverLimit
-                };
-                let remaining = if result.allowed {
-                    u32::try_from(result.remaining).unwrap_or(u32::MAX)
-                } else {
-                    0
-                };
-                // A fixed window resets when it ends, however little it holds (what
-                // envoyproxy/ratelimit answers); Redis reports 0 for an empty one.
-                let reset = match (result.reset_ms, limit.rate.algorithm) {
-                    (0, Algorithm::FixedWindow) => window_end_ms(limit, now_ms),
-                    (reset, _) => reset,
-                };
-                status(code, Some(limit), remaining, Some(reset))
-            }
-        })
-        .collect();
-    let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
-    RateLimitResponse {
-        overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
-        statuses,
-    }
-}
-
-/// Milliseconds until the epoch-aligned window holding `now_ms` ends (a token bucket:
-/// its whole period).
-fn window_end_ms(limit: &Applied, now_ms: u64) -> u64 {
-    let period = limit.period_ms();
-    match limit.rate.algorithm {
-        Algorithm::FixedWindow => period - now_ms % period,
-        _ => period,
-    }
-}
-
-fn status(code: Code, limit: Option<&Applied>, remaining: u32, reset_ms: Option<u64>) -> DescriptorStatus {
-    DescriptorStatus {
-        code: code as i32,
-        current_limit: limit.map(Applied::current_limit),
-        limit_remaining: remaining,
-        duration_until_reset: reset_ms.map(|ms| PbDuration {
-            seconds: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
-            nanos: i32::try_from(ms % 1000 * 1_000_000).unwrap_or(0),
-        }),
+            .any(|planned| matches!(planned, Planned::Exceeds { counter, .. } if !counter.shadow))
     }
 }
 
@@ -313,7 +268,19 @@ fn status(code: Code, limit: Option<&Applied>, remaining: u32, reset_ms: Option<
 mod tests {
     use super::*;
     use crate::envoy_api::messages::protobuf::UInt64Value;
-    use crate::envoy_api::messages::ratelimit::{Entry, RateLimitDescriptor, RateLimitOverride};
+    use crate::envoy_api::messages::ratelimit::{
+        Code, Entry, RateLimitDescriptor, RateLimitOverride, RateLimitResponse,
+    };
+    use ratelimit_wire::CheckResult;
+
+    fn plan(config: &RlsConfig, request: &RateLimitRequest) -> Result<Plan, String> {
+        super::plan(config, request, &Settings::default())
+    }
+
+    fn answer(plan: &Plan, results: &[CheckResult], now_ms: u64) -> RateLimitResponse {
+        let request = RateLimitRequest::default();
+        super::super::response::answer(&request, plan, results, now_ms, &Settings::default())
+    }
 
     fn config() -> RlsConfig {
         RlsConfig::from_yaml(
@@ -465,5 +432,31 @@ descriptors:
         assert!(plan(&config, &request(vec![negative]))
             .unwrap_err()
             .contains("is_negative_hits"));
+    }
+
+    #[test]
+    fn a_shared_threshold_keys_every_matching_value_on_one_counter() {
+        let config = RlsConfig::from_yaml(
+            r#"
+domain: edge
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: { unit: hour, requests_per_unit: 10 }
+  - key: apart
+    value: apart/*
+    rate_limit: { unit: hour, requests_per_unit: 10 }
+"#,
+        );
+        let key = |key: &str, value: &str| {
+            plan(&config, &request(vec![descriptor(&[(key, value)])]))
+                .unwrap()
+                .checks[0]
+                .key
+                .clone()
+        };
+        assert_eq!(key("files", "files/a.pdf"), key("files", "files/b.csv"));
+        assert_ne!(key("apart", "apart/a.pdf"), key("apart", "apart/b.csv"));
     }
 }

@@ -1,11 +1,8 @@
-//! Reading `--rls-config`'s YAML field by field ([`super::config`]): each refusal names the
-//! field's path, and the fields envoyproxy/ratelimit knows but the shim does not run are
+//! Reading `--rls-config`'s YAML field by field ([`super::descriptors`]): each refusal
+//! names the field's path, and a field neither envoyproxy/ratelimit nor the shim knows is
 //! refused by name instead of ignored.
 
 use serde_yaml::{Mapping, Value};
-
-/// Fields envoyproxy/ratelimit accepts that the shim does not run: refused when set.
-const UNSUPPORTED: [&str; 4] = ["quota_mode", "value_to_metric", "share_threshold", "metadata"];
 
 pub fn mapping<'a>(value: &'a Value, at: &str) -> Result<&'a Mapping, String> {
     value
@@ -13,23 +10,15 @@ pub fn mapping<'a>(value: &'a Value, at: &str) -> Result<&'a Mapping, String> {
         .ok_or_else(|| format!("{at}: must be a mapping"))
 }
 
-/// Refuses a field not in `known` (naming the unsupported ones as such).
+/// Refuses a field not in `known`.
 pub fn known_fields(map: &Mapping, at: &str, known: &[&str]) -> Result<(), String> {
-    for (field, value) in map {
+    for field in map.keys() {
         let Some(field) = field.as_str() else {
             return Err(format!("{at}{field:?}: field names must be strings"));
         };
-        if known.contains(&field) {
-            continue;
+        if !known.contains(&field) {
+            return Err(format!("{at}{field}: unknown field"));
         }
-        let unset = matches!(value, Value::Null | Value::Bool(false));
-        if UNSUPPORTED.contains(&field) {
-            if unset {
-                continue;
-            }
-            return Err(format!("{at}{field}: not supported by redis-shim (docs/RLS.md)"));
-        }
-        return Err(format!("{at}{field}: unknown field"));
     }
     Ok(())
 }

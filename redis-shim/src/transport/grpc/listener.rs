@@ -57,6 +57,7 @@ pub async fn prepare(
     let rls = RlsService {
         shim: shim.clone(),
         config: config.clone(),
+        settings: options.settings,
     };
     let rlqs = RlqsService::new(shim, config, stop);
     let routes = Routes::new(Routed(RateLimitServer(Arc::new(rls))))

@@ -4,12 +4,16 @@
 //! checks decided by the shim's own path: all of them in one atomic script where their
 //! keys share a slot, slot by slot with refunds on a cluster otherwise
 //! ([`crate::decide::decision`]), counted and logged as `POST /v1/check` counts them.
+//! With `--rls-upstream-counting`, each check is decided on its own instead, and one that
+//! refuses is filled ([`RlsService::decide_apart`]).
 
 use super::presented_token;
 use crate::decide::answer::respond;
 use crate::decide::clock::now_ms;
 use crate::decide::decision;
-use crate::decide::rls::plan::{answer, plan, Plan, Planned};
+use crate::decide::rls::plan::{plan, Plan, Planned};
+use crate::decide::rls::response::answer;
+use crate::decide::rls::settings::Settings;
 use crate::envoy_api::messages::ratelimit::{Code, RateLimitRequest, RateLimitResponse};
 use crate::metrics::rls::{CallOutcome, DescriptorOutcome};
 use crate::store::scripts::Mode;
@@ -26,6 +30,7 @@ use tonic::{Request, Response, Status};
 pub struct RlsService {
     pub shim: Arc<Shim>,
     pub config: Arc<LiveConfig>,
+    pub settings: Settings,
 }
 
 impl RlsService {
@@ -46,18 +51,23 @@ impl RlsService {
         };
         let _in_flight = self.shim.metrics.in_flight();
         let request = request.into_inner();
-        let plan = plan(&self.config.current(), &request).map_err(|message| {
+        let plan = plan(&self.config.current(), &request, &self.settings).map_err(|message| {
             rls.call(CallOutcome::Invalid);
             Status::invalid_argument(message)
         })?;
-        let results = self.decide(&plan).await.inspect_err(|status| {
+        let decided = if self.settings.upstream_counting {
+            self.decide_apart(&plan).await
+        } else {
+            self.decide(&plan).await
+        };
+        let results = decided.inspect_err(|status| {
             let outcome = match status.code() {
                 tonic::Code::InvalidArgument => CallOutcome::Invalid,
                 _ => CallOutcome::RedisError,
             };
             rls.call(outcome);
         })?;
-        let response = answer(&plan, &results, now_ms());
+        let response = answer(&request, &plan, &results, now_ms(), &self.settings);
         for (planned, status) in plan.descriptors.iter().zip(&response.statuses) {
             let over = match planned {
                 Planned::Counted { check, .. } => !results.get(*check).is_some_and(|r| r.allowed),
@@ -65,7 +75,7 @@ impl RlsService {
                 _ => false,
             };
             debug_assert!(over || status.code == Code::Ok as i32);
-            rls.descriptor(descriptor_outcome(planned, over));
+            rls.descriptor(descriptor_outcome(planned, over, &self.settings));
         }
         rls.call(if response.overall_code == Code::OverLimit as i32 {
             CallOutcome::OverLimit
@@ -108,16 +118,89 @@ impl RlsService {
 }
 
 /// What an answered descriptor came to; `over` says whether its limit refused it.
-fn descriptor_outcome(planned: &Planned, over: bool) -> DescriptorOutcome {
+fn descriptor_outcome(planned: &Planned, over: bool, settings: &Settings) -> DescriptorOutcome {
     match planned {
         Planned::NoLimit => DescriptorOutcome::NoLimit,
         Planned::Unlimited => DescriptorOutcome::Unlimited,
         Planned::Replaced => DescriptorOutcome::Replaced,
-        Planned::Counted { limit, .. } | Planned::Exceeds { limit } => match (over, limit.shadow_mode) {
-            (false, _) => DescriptorOutcome::Ok,
-            (true, false) => DescriptorOutcome::OverLimit,
-            (true, true) => DescriptorOutcome::ShadowOverLimit,
-        },
+        Planned::Counted { limit, .. } | Planned::Exceeds { limit, .. } if over => {
+            if limit.shadow_mode || settings.shadow_mode {
+                DescriptorOutcome::ShadowOverLimit
+            } else if limit.quota_mode {
+                DescriptorOutcome::QuotaOverLimit
+            } else {
+                DescriptorOutcome::OverLimit
+            }
+        }
+        Planned::Counted { .. } | Planned::Exceeds { .. } => DescriptorOutcome::Ok,
+    }
+}
+
+impl RlsService {
+    /// The results of the plan's checks as envoyproxy/ratelimit counts
+    /// (`--rls-upstream-counting`): each check decided alone, so it is charged whatever
+    /// the others answer; then each counter that refused (and each whose hits exceed its
+    /// whole limit) is filled with what it has left, as upstream's counter, incremented
+    /// past its limit, refuses the rest of its window.
+    async fn decide_apart(&self, plan: &Plan) -> Result<Vec<CheckResult>, Status> {
+        let mut results = Vec::with_capacity(plan.checks.len());
+        for check in &plan.checks {
+            results.extend(self.decide_one(check.clone()).await?);
+        }
+        let mut full: Vec<Check> = plan
+            .checks
+            .iter()
+            .zip(&results)
+            .filter(|(_, result)| !result.allowed)
+            .map(|(check, _)| check.clone())
+            .collect();
+        full.extend(plan.descriptors.iter().filter_map(|planned| match planned {
+            Planned::Exceeds { counter, .. } if counter.limit > 0 => Some(counter.clone()),
+            _ => None,
+        }));
+        for counter in full {
+            self.fill(counter).await?;
+        }
+        Ok(results)
+    }
+
+    /// One check decided as a request of its own.
+    async fn decide_one(&self, check: Check) -> Result<Vec<CheckResult>, Status> {
+        let request = CheckRequest { checks: vec![check] };
+        request
+            .validate()
+            .map_err(|invalid| Status::invalid_argument(invalid.to_string()))?;
+        let shim = &self.shim;
+        let keys = shim
+            .config
+            .redis_keys(request.checks.iter().map(|check| check.key.as_str()));
+        let decision = decision::decide(&shim.store, &keys, &request.checks).await;
+        respond(&shim.metrics, &request, &keys, decision)
+            .map(|response| response.results)
+            .map_err(Status::unavailable)
+    }
+
+    /// Charges what `counter` has left: a race lost to another request leaves it full
+    /// all the same.
+    async fn fill(&self, counter: Check) -> Result<(), Status> {
+        let shim = &self.shim;
+        let keys = shim.config.redis_keys([counter.key.as_str()]);
+        let left = peek(&shim.store, &keys, std::slice::from_ref(&counter))
+            .await
+            .map_err(|error| {
+                shim.metrics.redis_error(error.kind());
+                Status::unavailable(format!("redis: {error}"))
+            })?;
+        let remaining = left.first().map_or(0, |result| result.remaining);
+        if remaining == 0 {
+            return Ok(());
+        }
+        let fill = Check {
+            cost: remaining.min(counter.limit),
+            shadow: false,
+            ..counter
+        };
+        self.decide_one(fill).await.map(drop)
     }
 }
 
