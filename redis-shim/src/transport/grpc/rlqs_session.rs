@@ -26,7 +26,8 @@ pub const ABANDON_IDLE_MS: u64 = 60_000;
 const TTL_S: u64 = ASSIGNMENT_TTL_MS / 1000;
 
 struct Tracked {
-    limit: BucketLimit,
+    /// The counter whose pool the bucket is in, when it is limited.
+    counter: Option<String>,
     /// Server time (ms) of the last report with demand, or of the first report.
     last_demand_ms: u64,
 }
@@ -90,11 +91,10 @@ impl Session {
                     metrics.bucket_refused();
                     continue;
                 }
-                let limit = bucket_limit(&self.config.current(), &domain, &key);
                 self.buckets.insert(
                     key.clone(),
                     Tracked {
-                        limit,
+                        counter: None,
                         last_demand_ms: now,
                     },
                 );
@@ -102,10 +102,20 @@ impl Session {
             let Some(tracked) = self.buckets.get_mut(&key) else {
                 continue;
             };
+            // The config's limit now (it may have been reloaded): a bucket whose counter
+            // changed leaves the old pool, its Envoy's bucket replaced by this answer.
+            let limit = bucket_limit(&self.config.current(), &domain, &key);
+            let counter_now = match &limit {
+                BucketLimit::Limited { counter, .. } => Some(counter.key.as_str()),
+                _ => None,
+            };
+            if let Some(old) = tracked.counter.take_if(|old| Some(old.as_str()) != counter_now) {
+                self.pools.leave(&old, self.stream, now, metrics);
+            }
             let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
             metrics.reported(allowed, denied);
             let asked = allowed.saturating_add(denied);
-            match &tracked.limit {
+            match &limit {
                 BucketLimit::NoLimit | BucketLimit::Unlimited => {
                     metrics.assigned("allow_all");
                     actions.push(assignment::allow_all(&key, TTL_S));
@@ -124,7 +134,9 @@ impl Session {
                     if asked > 0 {
                         tracked.last_demand_ms = now;
                     } else if now.saturating_sub(tracked.last_demand_ms) >= ABANDON_IDLE_MS {
-                        self.pools.leave(&counter.key, self.stream, now, metrics);
+                        if tracked.counter.take().is_some() {
+                            self.pools.leave(&counter.key, self.stream, now, metrics);
+                        }
                         metrics.assigned("abandon");
                         actions.push(assignment::abandon(&key));
                         self.buckets.remove(&key);
@@ -134,6 +146,7 @@ impl Session {
                     // new bucket at once): its demand is not known yet.
                     let elapsed_s = usage.time_elapsed.map_or(0, |d| d.seconds);
                     let demand = (elapsed_s >= 1).then(|| asked as f64 / elapsed_s as f64);
+                    tracked.counter = Some(counter.key.clone());
                     let share = self.pools.report(
                         &counter.key,
                         *rule,
@@ -179,10 +192,7 @@ impl Session {
         let counters: Vec<String> = self
             .buckets
             .values()
-            .filter_map(|tracked| match &tracked.limit {
-                BucketLimit::Limited { counter, .. } => Some(counter.key.clone()),
-                _ => None,
-            })
+            .filter_map(|tracked| tracked.counter.clone())
             .collect();
         self.pools.disconnect(self.stream, &counters);
         Ended {
