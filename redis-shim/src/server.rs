@@ -119,7 +119,7 @@ async fn serve(
     // within the header timeout (below); only a caller that passed the token keeps one open.
     builder.http1().max_buf_size(MAX_READ_BUFFER_BYTES);
     // Pings on HTTP/2: a peer that vanished without closing (a host gone, a partition)
-    // is found out, and with it a quota stream whose grants go back only when it ends.
+    // is found out, and with it a quota stream whose shares pass to the others only when it ends.
     builder
         .http2()
         .timer(TokioTimer::new())

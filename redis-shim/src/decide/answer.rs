@@ -1,5 +1,5 @@
 //! What every service makes of a decided request (`POST /v1/check`, a batch's requests,
-//! `ShouldRateLimit`, a quota grant): its answer, its checks and refund counted, the
+//! `ShouldRateLimit`): its answer, its checks and refund counted, the
 //! shadow checks that would have denied logged; or, when Redis failed, the failure and
 //! its refund counted and logged.
 

@@ -1,5 +1,5 @@
 //! The shim's clock, in Unix milliseconds: what the rate-limit service's answers
-//! (`duration_until_reset`) and the quota service's grants and reports are timed by.
+//! (`duration_until_reset`) and the quota service's assignments and reports are timed by.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -5,7 +5,7 @@
 //! and [`answer`], which makes a decision every service's answer, counted and logged.
 //! For Envoy's services: [`rls`] (a `ShouldRateLimit` request planned into checks, from
 //! envoyproxy/ratelimit's configuration) and [`rlqs`] (a quota bucket's limit and
-//! account), without I/O; [`clock`] times both.
+//! its share of the rate), without I/O; [`clock`] times both.
 
 pub mod adjustments;
 pub mod answer;

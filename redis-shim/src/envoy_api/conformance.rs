@@ -195,6 +195,7 @@ fn a_usage_report_from_envoy_decodes_field_by_field() {
     let bucket = &usage.bucket_id.as_ref().expect("the bucket").bucket;
     assert_eq!(bucket.get("name").map(String::as_str), Some("per-key"));
     assert_eq!((usage.num_requests_allowed, usage.num_requests_denied), (11, 2));
+    assert_eq!(usage.time_elapsed.map(|d| d.seconds), Some(5));
 }
 
 #[test]

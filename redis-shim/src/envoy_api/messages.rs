@@ -197,6 +197,9 @@ pub mod quota {
     pub struct BucketQuotaUsage {
         #[prost(message, optional, tag = "1")]
         pub bucket_id: Option<BucketId>,
+        /// Since the bucket's last report (0 in the report of a new bucket).
+        #[prost(message, optional, tag = "2")]
+        pub time_elapsed: Option<Duration>,
         #[prost(uint64, tag = "3")]
         pub num_requests_allowed: u64,
         #[prost(uint64, tag = "4")]

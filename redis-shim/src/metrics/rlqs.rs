@@ -1,8 +1,12 @@
 //! The quota service's metrics, in the shim's naming and rendered with the others on
-//! `GET /metrics`: streams open, reports received, and tokens by where they went.
+//! `GET /metrics`: streams open, reports received, what they reported, the assignments
+//! sent, and the re-balances pushed to other Envoys' streams.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+/// The kinds of assignment, as `rlshim_rlqs_assignments_total{kind}` names them.
+const ASSIGNMENT_KINDS: [&str; 3] = ["token_bucket", "allow_all", "abandon"];
 
 #[derive(Default)]
 pub struct RlqsMetrics {
@@ -10,15 +14,15 @@ pub struct RlqsMetrics {
     streams_refused: AtomicU64,
     reports: AtomicU64,
     buckets_refused: AtomicU64,
-    /// Admissions Envoys reported.
-    spent: AtomicU64,
-    /// Tokens charged for grants.
-    granted: AtomicU64,
-    /// Reported admissions no grant covered, charged as debt.
-    debt: AtomicU64,
-    /// Unspent grants given back after their stream ended.
-    released: AtomicU64,
-    denied_all: AtomicU64,
+    /// Requests Envoys reported allowed (charged to the counters) and denied.
+    allowed: AtomicU64,
+    denied: AtomicU64,
+    /// By [`ASSIGNMENT_KINDS`], answering reports.
+    assignments: [AtomicU64; 3],
+    /// Pool re-balances that changed other Envoys' shares.
+    rebalances: AtomicU64,
+    /// Assignments pushed on another Envoy's stream by a re-balance.
+    pushed: AtomicU64,
     adjustments_lost: AtomicU64,
 }
 
@@ -43,20 +47,21 @@ impl RlqsMetrics {
     pub fn bucket_refused(&self) {
         self.buckets_refused.fetch_add(1, Relaxed);
     }
-    pub fn spent(&self, tokens: u64) {
-        self.spent.fetch_add(tokens, Relaxed);
+    pub fn reported(&self, allowed: u64, denied: u64) {
+        self.allowed.fetch_add(allowed, Relaxed);
+        self.denied.fetch_add(denied, Relaxed);
     }
-    pub fn granted(&self, tokens: u64) {
-        self.granted.fetch_add(tokens, Relaxed);
+    /// An assignment of `kind` (one of [`ASSIGNMENT_KINDS`]) answering a report.
+    pub fn assigned(&self, kind: &str) {
+        if let Some(i) = ASSIGNMENT_KINDS.iter().position(|k| *k == kind) {
+            self.assignments[i].fetch_add(1, Relaxed);
+        }
     }
-    pub fn debt(&self, tokens: u64) {
-        self.debt.fetch_add(tokens, Relaxed);
+    pub fn rebalanced(&self) {
+        self.rebalances.fetch_add(1, Relaxed);
     }
-    pub fn released(&self, tokens: u64) {
-        self.released.fetch_add(tokens, Relaxed);
-    }
-    pub fn denied_all(&self) {
-        self.denied_all.fetch_add(1, Relaxed);
+    pub fn pushed(&self) {
+        self.pushed.fetch_add(1, Relaxed);
     }
     pub fn adjustment_lost(&self) {
         self.adjustments_lost.fetch_add(1, Relaxed);
@@ -81,13 +86,18 @@ impl RlqsMetrics {
                 &self.buckets_refused,
             ),
             (
-                "deny_all",
-                "DENY_ALL assignments: the counter had no token to grant.",
-                &self.denied_all,
+                "rebalances",
+                "Re-balances of a counter's shares that changed other Envoys' assignments.",
+                &self.rebalances,
+            ),
+            (
+                "pushed",
+                "Assignments pushed on an Envoy's stream by another Envoy's report.",
+                &self.pushed,
             ),
             (
                 "adjustments_lost",
-                "Debts or returns Redis failed to apply.",
+                "Reported admissions Redis failed to charge.",
                 &self.adjustments_lost,
             ),
         ];
@@ -100,17 +110,23 @@ impl RlqsMetrics {
         }
         let _ = writeln!(
             out,
-            "# HELP rlshim_rlqs_tokens_total Tokens of RLQS buckets: spent (reported admitted), granted, debt (admitted beyond any grant, charged afterwards), released (unspent grants given back).\n# TYPE rlshim_rlqs_tokens_total counter"
+            "# HELP rlshim_rlqs_requests_total Requests of RLQS buckets as Envoys reported them: allowed (charged to the counter) or denied.\n# TYPE rlshim_rlqs_requests_total counter"
         );
-        for (kind, value) in [
-            ("spent", &self.spent),
-            ("granted", &self.granted),
-            ("debt", &self.debt),
-            ("released", &self.released),
-        ] {
+        for (kind, value) in [("allowed", &self.allowed), ("denied", &self.denied)] {
             let _ = writeln!(
                 out,
-                "rlshim_rlqs_tokens_total{{kind=\"{kind}\"}} {}",
+                "rlshim_rlqs_requests_total{{kind=\"{kind}\"}} {}",
+                value.load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP rlshim_rlqs_assignments_total Assignments answering reports: token_bucket (a share of the rate), allow_all, abandon.\n# TYPE rlshim_rlqs_assignments_total counter"
+        );
+        for (kind, value) in ASSIGNMENT_KINDS.iter().zip(&self.assignments) {
+            let _ = writeln!(
+                out,
+                "rlshim_rlqs_assignments_total{{kind=\"{kind}\"}} {}",
                 value.load(Relaxed)
             );
         }
@@ -128,9 +144,15 @@ mod tests {
         assert!(!metrics.open_stream(2));
         metrics.stream_closed();
         assert!(metrics.open_stream(2));
+        metrics.assigned("token_bucket");
+        metrics.assigned("nonsense");
         let mut text = String::new();
         metrics.render(&mut text);
         assert!(text.contains("rlshim_rlqs_streams_open 2\n"), "{text}");
         assert!(text.contains("rlshim_rlqs_streams_refused_total 1\n"), "{text}");
+        assert!(
+            text.contains("rlshim_rlqs_assignments_total{kind=\"token_bucket\"} 1\n"),
+            "{text}"
+        );
     }
 }

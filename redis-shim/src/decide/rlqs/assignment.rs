@@ -1,10 +1,8 @@
 //! The assignments the quota service sends, as Envoy's `rate_limit_quota` filter applies
-//! them. A grant is a token bucket of `tokens` that does not refill: one token per
-//! [`NO_REFILL_S`] (ten years), since a bucket must name a fill. Envoy (1.40) keeps its
-//! bucket when an assignment repeats the configuration it has; when the configuration
-//! changes, the new bucket starts as full as the old one was (in proportion), and full only
-//! where there was no bucket. So a new grant goes out as two actions applied in order, a
-//! blanket rule that drops the old bucket and the grant's own: it starts with its tokens.
+//! them: a token bucket of this Envoy's [`Share`] of the rule's rate, which Envoy refills
+//! and spends itself between reports, or a blanket rule. Envoy keeps its bucket when an
+//! assignment repeats its `max_tokens`, `tokens_per_fill` and interval nanos; otherwise the
+//! new bucket starts as full as the old one was, in proportion (full where there was none).
 
 use crate::envoy_api::messages::protobuf::{Duration, UInt32Value};
 use crate::envoy_api::messages::quota::{
@@ -13,24 +11,18 @@ use crate::envoy_api::messages::quota::{
 };
 
 use super::bucket::BucketKey;
+use super::share::Share;
 
-/// The fill interval of a grant's token bucket: about ten years.
-pub const NO_REFILL_S: i64 = 315_360_000;
-
-/// A new grant: a token bucket holding `tokens`, which does not refill, for `ttl_s`
-/// seconds, whatever bucket the Envoy had before.
-pub fn new_grant(bucket: &BucketKey, tokens: u64, ttl_s: u64) -> [BucketAction; 2] {
-    [deny_all(bucket, ttl_s), same_grant(bucket, tokens, ttl_s)]
-}
-
-/// The grant the Envoy holds, again, for `ttl_s` seconds from now: it keeps its bucket.
-pub fn same_grant(bucket: &BucketKey, tokens: u64, ttl_s: u64) -> BucketAction {
+/// `share` as a token bucket, for `ttl_s` seconds.
+pub fn token_bucket(bucket: &BucketKey, share: &Share, ttl_s: u64) -> BucketAction {
     let token_bucket = TokenBucket {
-        max_tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
-        tokens_per_fill: Some(UInt32Value { value: 1 }),
+        max_tokens: share.max_tokens,
+        tokens_per_fill: Some(UInt32Value {
+            value: share.tokens_per_fill,
+        }),
         fill_interval: Some(Duration {
-            seconds: NO_REFILL_S,
-            nanos: 0,
+            seconds: i64::try_from(share.fill_interval_s).unwrap_or(i64::MAX),
+            nanos: share.interval_nanos(),
         }),
     };
     assign(bucket, Strategy::TokenBucket(token_bucket), ttl_s)
@@ -39,11 +31,6 @@ pub fn same_grant(bucket: &BucketKey, tokens: u64, ttl_s: u64) -> BucketAction {
 /// Every request allowed (no limit, `unlimited`, `shadow_mode`) for `ttl_s` seconds.
 pub fn allow_all(bucket: &BucketKey, ttl_s: u64) -> BucketAction {
     assign(bucket, Strategy::BlanketRule(BlanketRule::AllowAll as i32), ttl_s)
-}
-
-/// Every request refused (the counter is spent) for `ttl_s` seconds.
-pub fn deny_all(bucket: &BucketKey, ttl_s: u64) -> BucketAction {
-    assign(bucket, Strategy::BlanketRule(BlanketRule::DenyAll as i32), ttl_s)
 }
 
 /// Envoy forgets the bucket (and reports it no more) until a request matches it again.
@@ -78,6 +65,7 @@ fn bucket_id(bucket: &BucketKey) -> BucketId {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::rlqs::share::Rule;
 
     fn strategy(action: &BucketAction) -> (Strategy, i64) {
         match action.bucket_action.as_ref().unwrap() {
@@ -90,24 +78,22 @@ mod tests {
     }
 
     #[test]
-    fn a_new_grant_drops_the_old_bucket_first_and_a_repeated_one_keeps_it() {
+    fn a_share_goes_out_as_a_whole_second_token_bucket() {
         let bucket = vec![("name".to_string(), "free".to_string())];
-        let [reset, first] = new_grant(&bucket, 5, 5);
-        assert_eq!(strategy(&reset), (Strategy::BlanketRule(1), 5));
-        assert_eq!(first.bucket_id.as_ref().unwrap().bucket["name"], "free");
-        let (Strategy::TokenBucket(one), ttl) = strategy(&first) else {
+        let share = Rule {
+            limit: 5,
+            period_s: 1,
+        }
+        .share(30);
+        let action = token_bucket(&bucket, &share, 12);
+        assert_eq!(action.bucket_id.as_ref().unwrap().bucket["name"], "free");
+        let (Strategy::TokenBucket(sent), ttl) = strategy(&action) else {
             panic!()
         };
-        assert_eq!(
-            (one.max_tokens, one.tokens_per_fill.unwrap().value, ttl),
-            (5, 1, 5)
-        );
-        assert_eq!(one.fill_interval.unwrap().seconds, NO_REFILL_S);
-        let (Strategy::TokenBucket(again), ttl) = strategy(&same_grant(&bucket, 5, 3)) else {
-            panic!()
-        };
-        assert_eq!((one, 3), (again, ttl));
-        assert_eq!(strategy(&deny_all(&bucket, 2)), (Strategy::BlanketRule(1), 2));
+        assert_eq!(ttl, 12);
+        assert_eq!((sent.max_tokens, sent.tokens_per_fill.unwrap().value), (3, 30));
+        let interval = sent.fill_interval.unwrap();
+        assert_eq!((interval.seconds, interval.nanos), (12, 12));
         assert_eq!(strategy(&allow_all(&bucket, 5)), (Strategy::BlanketRule(0), 5));
         assert!(matches!(
             abandon(&bucket).bucket_action,

@@ -8,6 +8,7 @@
 //! `ratelimit` filter that name the same entries share one counter, and with the Wasm
 //! filter's rule where the limit names a `filter_rule`.
 
+use crate::decide::rlqs::share::Rule;
 use crate::decide::rls::config::{Limit, Node, RlsConfig};
 use crate::decide::rls::counter_key::counter_key;
 use ratelimit_wire::Check;
@@ -29,10 +30,11 @@ pub enum BucketLimit {
     Unlimited,
     /// `shadow_mode`: every request allowed; what the bucket reports is counted.
     Shadow { counter: Check, path: String },
-    /// Counted against `counter`, in grants of at most `max_grant` tokens.
+    /// Served at `rule`'s rate, shared among the Envoys reporting `counter`; their
+    /// reported admissions are charged to it.
     Limited {
         counter: Check,
-        max_grant: u64,
+        rule: Rule,
         path: String,
     },
 }
@@ -92,16 +94,13 @@ pub fn bucket_limit(config: &RlsConfig, domain: &str, entries: &BucketKey) -> Bu
         };
     }
     BucketLimit::Limited {
-        max_grant: max_grant(counter.limit),
+        rule: Rule {
+            limit: counter.limit,
+            period_s: rate.unit.seconds(),
+        },
         counter,
         path: limit.path.clone(),
     }
-}
-
-/// The largest grant one Envoy holds of a limit: a quarter of it (at least one token),
-/// so that a few Envoys parking their grants never hold the whole limit between them.
-pub fn max_grant(limit: u64) -> u64 {
-    (limit / 4).max(1)
 }
 
 fn find<'a>(
@@ -165,13 +164,17 @@ descriptors:
     fn a_bucket_matches_the_tree_whatever_the_order_of_its_map() {
         let config = config();
         let limited = bucket_limit(&config, "edge", &bucket(&[("api_key", "k1"), ("name", "free")]));
-        let BucketLimit::Limited {
-            counter, max_grant, ..
-        } = limited
-        else {
+        let BucketLimit::Limited { counter, rule, .. } = limited else {
             panic!("{limited:?}")
         };
-        assert_eq!((counter.limit, counter.period_ms, max_grant), (40, 60_000, 10));
+        assert_eq!((counter.limit, counter.period_ms), (40, 60_000));
+        assert_eq!(
+            rule,
+            Rule {
+                limit: 40,
+                period_s: 60
+            }
+        );
         // The same entries as an RLS descriptor, in the tree's order: one counter.
         assert_eq!(
             counter.key,
@@ -242,7 +245,5 @@ descriptors:
         assert!(bucket_key(&many).unwrap_err().contains("more than 16"));
         let long = HashMap::from([("k".to_string(), "v".repeat(MAX_PART_BYTES + 1))]);
         assert!(bucket_key(&long).unwrap_err().contains("longer than"));
-        assert_eq!(max_grant(1), 1);
-        assert_eq!(max_grant(3), 1);
     }
 }

@@ -1,11 +1,13 @@
 //! Envoy's gRPC services on `--grpc-listen`: [`listener`] loads `--rls-config` and binds
 //! the port, [`reload`] keeps it current, [`server`] routes each service's method as tonic does, [`rls`] answers
-//! `ShouldRateLimit`, and [`rlqs`] serves the quota streams, each a [`rlqs_session`].
+//! `ShouldRateLimit`, and [`rlqs`] serves the quota streams, each a [`rlqs_session`], their
+//! shares of each counter in [`rlqs_pools`].
 //! Both decide as the HTTP checks do ([`crate::decide`]), never through the HTTP files.
 
 pub mod listener;
 pub mod reload;
 pub mod rlqs;
+pub mod rlqs_pools;
 pub mod rlqs_session;
 pub mod rls;
 pub mod server;

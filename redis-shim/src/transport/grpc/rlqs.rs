@@ -1,11 +1,13 @@
 //! `envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas`: the
 //! caller's token (gRPC metadata `x-ratelimit-token`, as for the rate-limit service), a
 //! bound on open streams, then each stream served by a task of its own: every usage
-//! report answered in order ([`Session::handle`]), and when the stream ends (the Envoy
-//! went away, or closed it) its grants released once they can no longer be spent. When
-//! the shim stops, streams end and their grants stay charged (stricter, never looser).
+//! report answered at once ([`Session::handle`]) and its admissions charged after, and
+//! pushes from other streams' re-balances sent between. When the stream ends (the Envoy
+//! went away, or closed it), its shares go to the other Envoys of its pools once its
+//! assignments can no longer be spent.
 
 use super::presented_token;
+use super::rlqs_pools::Pools;
 use super::rlqs_session::Session;
 use crate::envoy_api::messages::quota::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
 use crate::transport::grpc::reload::LiveConfig;
@@ -22,12 +24,18 @@ pub const MAX_STREAMS: usize = 4096;
 pub struct RlqsService {
     shim: Arc<Shim>,
     config: Arc<LiveConfig>,
+    pools: Arc<Pools>,
     stop: watch::Receiver<bool>,
 }
 
 impl RlqsService {
     pub fn new(shim: Arc<Shim>, config: Arc<LiveConfig>, stop: watch::Receiver<bool>) -> RlqsService {
-        RlqsService { shim, config, stop }
+        RlqsService {
+            shim,
+            config,
+            pools: Arc::default(),
+            stop,
+        }
     }
 }
 
@@ -65,7 +73,12 @@ impl RlqsService {
             shim: self.shim.clone(),
         };
         let (answers, outbound) = mpsc::channel(4);
-        let session = Session::new(self.shim.clone(), self.config.clone());
+        let session = Session::new(
+            self.shim.clone(),
+            self.config.clone(),
+            self.pools.clone(),
+            answers.clone(),
+        );
         tokio::spawn(serve(
             session,
             request.into_inner(),
@@ -77,7 +90,7 @@ impl RlqsService {
     }
 }
 
-/// Answers the stream's reports in order until it ends, then releases its grants.
+/// Answers the stream's reports in order until it ends, then releases its shares.
 async fn serve(
     mut session: Session,
     mut reports: Streaming<RateLimitQuotaUsageReports>,
@@ -90,17 +103,18 @@ async fn serve(
             report = reports.message() => report,
             _ = answers.closed() => break,
             _ = stop.wait_for(|stopped| *stopped) => {
+                drop(session.end());
                 drop(place);
                 return;
             }
         };
         match report {
-            Ok(Some(report)) => match session.handle(report).await {
-                Ok(answer) if answer.bucket_action.is_empty() => {}
-                Ok(answer) => {
-                    if answers.send(Ok(answer)).await.is_err() {
+            Ok(Some(report)) => match session.handle(report) {
+                Ok((answer, charges)) => {
+                    if !answer.bucket_action.is_empty() && answers.send(Ok(answer)).await.is_err() {
                         break;
                     }
+                    session.charge(&charges).await;
                 }
                 Err(status) => {
                     tracing::warn!(%status, "RLQS: a stream's report refused; the stream ends");
@@ -117,5 +131,5 @@ async fn serve(
     }
     drop(answers);
     drop(place);
-    session.release().await;
+    session.end().release().await;
 }

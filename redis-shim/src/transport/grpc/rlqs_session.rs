@@ -1,61 +1,70 @@
-//! One `StreamRateLimitQuotas` stream: its domain, the buckets its Envoy reported and
-//! their accounts ([`Ledger`]), and what each report comes to in Redis: admissions no
-//! grant covered charged as debt (first, so the grants see them), new grants charged
-//! with the shim's lease check (all buckets of a report at once), and the assignments
-//! answered. When the stream ends, [`Session::release`] gives back what its grants hold
-//! once the Envoy can no longer spend it.
+//! One `StreamRateLimitQuotas` stream: its domain, the buckets its Envoy reported, and
+//! what each report comes to: every bucket answered at once (a limited one with its share
+//! from the counter's pool, [`Pools`], the other members re-balanced by push), then what
+//! the report says was admitted charged to the buckets' counters in Redis, so that callers
+//! of the rate-limit service or the Wasm filter sharing a counter see it.
 
 use crate::decide::adjustments::adjust_counters;
-use crate::decide::answer::respond;
 use crate::decide::clock::now_ms;
-use crate::decide::decision;
 use crate::decide::rlqs::assignment;
 use crate::decide::rlqs::bucket::{bucket_key, bucket_limit, BucketKey, BucketLimit};
-use crate::decide::rlqs::ledger::{Ledger, Next, ASSIGNMENT_TTL_MS, ENVOY_REPORT_INTERVAL_MS};
+use crate::decide::rlqs::pool::ASSIGNMENT_TTL_MS;
 use crate::envoy_api::messages::quota::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
 use crate::transport::grpc::reload::LiveConfig;
-use crate::transport::log_once::OncePerKey;
+use crate::transport::grpc::rlqs_pools::{Answers, Pools};
 use crate::transport::shim::Shim;
-use futures_util::future::join_all;
-use ratelimit_wire::{Check, CheckRequest, CheckResult, Settlement, TokenReturn};
+use ratelimit_wire::{Check, Settlement};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 use tonic::Status;
 
 /// At most this many buckets per stream: each is kept for the stream's life.
 pub const MAX_BUCKETS: usize = 10_000;
+/// A bucket that reports no demand this long is abandoned (Envoy forgets it).
+pub const ABANDON_IDLE_MS: u64 = 60_000;
 
 const TTL_S: u64 = ASSIGNMENT_TTL_MS / 1000;
 
 struct Tracked {
-    limit: BucketLimit,
-    ledger: Ledger,
+    /// The counter whose pool the bucket is in, when it is limited.
+    counter: Option<String>,
+    /// Server time (ms) of the last report with demand, or of the first report.
+    last_demand_ms: u64,
 }
 
 /// A stream's state.
 pub struct Session {
     shim: Arc<Shim>,
     config: Arc<LiveConfig>,
+    pools: Arc<Pools>,
+    stream: u64,
+    answers: Answers,
     domain: Option<String>,
     buckets: HashMap<BucketKey, Tracked>,
 }
 
+/// Admissions a report brought, to charge to their counters.
+pub type Charges = Vec<Settlement>;
+
 impl Session {
-    pub fn new(shim: Arc<Shim>, config: Arc<LiveConfig>) -> Session {
+    pub fn new(shim: Arc<Shim>, config: Arc<LiveConfig>, pools: Arc<Pools>, answers: Answers) -> Session {
         Session {
             shim,
             config,
+            stream: pools.stream_id(),
+            pools,
+            answers,
             domain: None,
             buckets: HashMap::new(),
         }
     }
 
-    /// The assignments answering `reports`; an error ends the stream (the client's fault).
-    pub async fn handle(
+    /// The assignments answering `reports`, and the admissions to charge; an error ends
+    /// the stream (the client's fault).
+    pub fn handle(
         &mut self,
         reports: RateLimitQuotaUsageReports,
-    ) -> Result<RateLimitQuotaResponse, Status> {
+    ) -> Result<(RateLimitQuotaResponse, Charges), Status> {
         let metrics = &self.shim.metrics.rlqs;
         metrics.report();
         match (&self.domain, reports.domain.as_str()) {
@@ -71,9 +80,7 @@ impl Session {
         let domain = self.domain.clone().unwrap_or_default();
         let now = now_ms();
         let mut actions = Vec::new();
-        let mut debts: Vec<Settlement> = Vec::new();
-        let mut wanted: Vec<(BucketKey, Check)> = Vec::new();
-        let mut abandoned = Vec::new();
+        let mut charges = Vec::new();
         for usage in reports.bucket_quota_usages {
             let id = usage
                 .bucket_id
@@ -84,185 +91,140 @@ impl Session {
                     metrics.bucket_refused();
                     continue;
                 }
-                let limit = bucket_limit(&self.config.current(), &domain, &key);
-                warn_once_if_too_short(&limit);
                 self.buckets.insert(
                     key.clone(),
                     Tracked {
-                        limit,
-                        ledger: Ledger::new(now),
+                        counter: None,
+                        last_demand_ms: now,
                     },
                 );
             }
             let Some(tracked) = self.buckets.get_mut(&key) else {
                 continue;
             };
-            let allowed = usage.num_requests_allowed;
-            metrics.spent(allowed);
-            match &tracked.limit {
+            // The config's limit now (it may have been reloaded): a bucket whose counter
+            // changed leaves the old pool, its Envoy's bucket replaced by this answer.
+            let limit = bucket_limit(&self.config.current(), &domain, &key);
+            let counter_now = match &limit {
+                BucketLimit::Limited { counter, .. } => Some(counter.key.as_str()),
+                _ => None,
+            };
+            if let Some(old) = tracked.counter.take_if(|old| Some(old.as_str()) != counter_now) {
+                self.pools.leave(&old, self.stream, now, metrics);
+            }
+            let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
+            metrics.reported(allowed, denied);
+            let asked = allowed.saturating_add(denied);
+            match &limit {
                 BucketLimit::NoLimit | BucketLimit::Unlimited => {
-                    actions.push(assignment::allow_all(&key, TTL_S))
+                    metrics.assigned("allow_all");
+                    actions.push(assignment::allow_all(&key, TTL_S));
                 }
                 BucketLimit::Shadow { counter, .. } => {
                     if allowed > 0 {
-                        debts.push(debt(counter, allowed));
+                        charges.push(charge(counter, allowed));
                     }
+                    metrics.assigned("allow_all");
                     actions.push(assignment::allow_all(&key, TTL_S));
                 }
-                BucketLimit::Limited {
-                    counter, max_grant, ..
-                } => {
-                    let outcome = tracked
-                        .ledger
-                        .report(allowed, usage.num_requests_denied, *max_grant, now);
-                    if outcome.debt > 0 {
-                        metrics.debt(outcome.debt);
-                        debts.push(debt(counter, outcome.debt));
+                BucketLimit::Limited { counter, rule, .. } => {
+                    if allowed > 0 {
+                        charges.push(charge(counter, allowed));
                     }
-                    match outcome.next {
-                        Next::Extend { ttl_s } => {
-                            tracked.ledger.extended(ttl_s, now);
-                            if let Some(grant) = &tracked.ledger.grant {
-                                actions.push(assignment::same_grant(&key, grant.tokens, ttl_s));
-                            }
+                    if asked > 0 {
+                        tracked.last_demand_ms = now;
+                    } else if now.saturating_sub(tracked.last_demand_ms) >= ABANDON_IDLE_MS {
+                        if tracked.counter.take().is_some() {
+                            self.pools.leave(&counter.key, self.stream, now, metrics);
                         }
-                        Next::Grant { size } => wanted.push((
-                            key,
-                            Check {
-                                lease: size,
-                                ..counter.clone()
-                            },
-                        )),
-                        Next::Abandon => {
-                            actions.push(assignment::abandon(&key));
-                            abandoned.push(key);
-                        }
-                        Next::Wait => {}
+                        metrics.assigned("abandon");
+                        actions.push(assignment::abandon(&key));
+                        self.buckets.remove(&key);
+                        continue;
                     }
+                    // A report over less than a second is a bucket's first (Envoy reports a
+                    // new bucket at once): its demand is not known yet.
+                    let elapsed_s = usage.time_elapsed.map_or(0, |d| d.seconds);
+                    let demand = (elapsed_s >= 1).then(|| asked as f64 / elapsed_s as f64);
+                    tracked.counter = Some(counter.key.clone());
+                    let share = self.pools.report(
+                        &counter.key,
+                        *rule,
+                        self.stream,
+                        &key,
+                        &self.answers,
+                        demand,
+                        now,
+                        metrics,
+                    );
+                    metrics.assigned("token_bucket");
+                    actions.push(assignment::token_bucket(&key, &share, TTL_S));
                 }
             }
         }
-        if !debts.is_empty() {
-            self.adjust(&[], &debts).await;
-        }
-        let granted = join_all(wanted.iter().map(|(_, check)| self.charge(check))).await;
-        let mut give_back = Vec::new();
-        for ((key, check), result) in wanted.into_iter().zip(granted) {
-            let Some(result) = result else { continue };
-            let Some(tracked) = self.buckets.get_mut(&key) else {
-                continue;
-            };
-            if !result.allowed {
-                // Until a report after the next brings a grant: a shorter refusal would
-                // hand the bucket to Envoy's fallback (ALLOW_ALL by default) in between.
-                actions.push(assignment::deny_all(&key, TTL_S));
-                metrics.denied_all();
-                continue;
-            }
-            match tracked
-                .ledger
-                .granted(result.granted, result.stamp, result.lease_window_ms, now)
-            {
-                0 => give_back.push(token_return(&check, result.granted, result.stamp)),
-                ttl_s => {
-                    metrics.granted(result.granted);
-                    actions.extend(assignment::new_grant(&key, result.granted, ttl_s));
-                }
-            }
-        }
-        if !give_back.is_empty() {
-            self.adjust(&give_back, &[]).await;
-        }
-        for key in abandoned {
-            self.buckets.remove(&key);
-        }
-        Ok(RateLimitQuotaResponse {
-            bucket_action: actions,
-        })
+        Ok((
+            RateLimitQuotaResponse {
+                bucket_action: actions,
+            },
+            charges,
+        ))
     }
 
-    /// After the stream has ended: waits until no Envoy can spend what the grants hold,
-    /// then gives it back.
-    pub async fn release(self) {
-        let mut last_ms = 0;
-        let mut returns = Vec::new();
-        for tracked in self.buckets.values() {
-            if let (BucketLimit::Limited { counter, .. }, Some((tokens, stamp, from_ms))) =
-                (&tracked.limit, tracked.ledger.release())
-            {
-                returns.push(token_return(counter, tokens, stamp));
-                last_ms = last_ms.max(from_ms);
-            }
-        }
-        if returns.is_empty() {
+    /// Charges what a report said was admitted; logged and counted when Redis failed.
+    pub async fn charge(&self, charges: &Charges) {
+        if charges.is_empty() {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(last_ms.saturating_sub(now_ms()))).await;
-        let tokens: u64 = returns.iter().map(|back| back.amount).sum();
-        if self.adjust(&returns, &[]).await {
-            self.shim.metrics.rlqs.released(tokens);
+        let keys = self
+            .shim
+            .config
+            .redis_keys(charges.iter().map(|charge| charge.key.as_str()));
+        if let Err(error) = adjust_counters(&self.shim.store, &keys, &[], charges).await {
+            self.shim.metrics.redis_error(error.kind());
+            self.shim.metrics.rlqs.adjustment_lost();
+            tracing::warn!(%error, "RLQS: charging reported admissions failed");
         }
     }
 
-    /// A grant of `check.lease` tokens (at least one), as the filter's lease is charged;
-    /// None when Redis failed (counted and logged).
-    async fn charge(&self, check: &Check) -> Option<CheckResult> {
-        let request = CheckRequest {
-            checks: vec![check.clone()],
-        };
-        let keys = self.shim.config.redis_keys([check.key.as_str()]);
-        let decision = decision::decide(&self.shim.store, &keys, &request.checks).await;
-        match respond(&self.shim.metrics, &request, &keys, decision) {
-            Ok(response) => response.results.into_iter().next(),
-            Err(message) => {
-                tracing::warn!(error = %message, "RLQS: a grant failed; the bucket keeps its assignment until it expires");
-                None
-            }
-        }
-    }
-
-    /// Gives back `returns` and charges `debts`; false (logged) when Redis failed.
-    async fn adjust(&self, returns: &[TokenReturn], debts: &[Settlement]) -> bool {
-        let keys = self.shim.config.redis_keys(
-            returns
-                .iter()
-                .map(|back| back.key.as_str())
-                .chain(debts.iter().map(|debt| debt.key.as_str())),
-        );
-        match adjust_counters(&self.shim.store, &keys, returns, debts).await {
-            Ok(()) => true,
-            Err(error) => {
-                self.shim.metrics.redis_error(error.kind());
-                self.shim.metrics.rlqs.adjustment_lost();
-                tracing::warn!(%error, "RLQS: charging reported admissions or giving back grants failed");
-                false
-            }
+    /// The stream has ended: nothing is pushed to it any more (its answers end once the
+    /// session is dropped too). Returns what [`Session::release`] needs.
+    pub fn end(self) -> Ended {
+        let counters: Vec<String> = self
+            .buckets
+            .values()
+            .filter_map(|tracked| tracked.counter.clone())
+            .collect();
+        self.pools.disconnect(self.stream, &counters);
+        Ended {
+            shim: self.shim,
+            pools: self.pools,
+            counters,
         }
     }
 }
 
-/// A limit whose period is shorter than a few of Envoy's reports cannot be served through
-/// grants: an Envoy gets at most one grant per report. Said once per limit, loudly.
-fn warn_once_if_too_short(limit: &BucketLimit) {
-    // Keys are limits of the configuration: the bound is only a backstop.
-    static WARNED: OncePerKey = OncePerKey::new(4096);
-    let BucketLimit::Limited { counter, path, .. } = limit else {
-        return;
-    };
-    if counter.period_ms >= 12 * ENVOY_REPORT_INTERVAL_MS {
-        return;
-    }
-    if WARNED.first(path) {
-        tracing::warn!(
-            limit = %path,
-            "RLQS: Envoy reports every {} s, and gets at most one grant per report: a limit of a shorter period than a minute is served far below its rate (use the Wasm filter or the rate-limit service for it)",
-            ENVOY_REPORT_INTERVAL_MS / 1000
-        );
+/// An ended stream's places in its pools.
+pub struct Ended {
+    shim: Arc<Shim>,
+    pools: Arc<Pools>,
+    counters: Vec<String>,
+}
+
+impl Ended {
+    /// Once its Envoy can no longer spend what it was assigned, its shares go to the
+    /// other members of its pools.
+    pub async fn release(self) {
+        if self.counters.is_empty() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(Pools::prune_after_ms())).await;
+        self.pools
+            .prune(&self.counters, now_ms(), &self.shim.metrics.rlqs);
     }
 }
 
-/// `tokens` admitted beyond any grant, charged now (into debt if need be).
-fn debt(counter: &Check, tokens: u64) -> Settlement {
+/// `tokens` reported admitted, charged now (into debt if need be).
+fn charge(counter: &Check, tokens: u64) -> Settlement {
     Settlement {
         key: counter.key.clone(),
         algorithm: counter.algorithm,
@@ -271,18 +233,6 @@ fn debt(counter: &Check, tokens: u64) -> Settlement {
         charged: 0,
         actual: tokens,
         stamp: 0,
-        calendar: None,
-    }
-}
-
-fn token_return(counter: &Check, amount: u64, stamp: i64) -> TokenReturn {
-    TokenReturn {
-        key: counter.key.clone(),
-        algorithm: counter.algorithm,
-        limit: counter.limit,
-        period_ms: counter.period_ms,
-        amount,
-        stamp,
         calendar: None,
     }
 }
