@@ -42,6 +42,8 @@ const CLOSED: &str = r#", "failure_mode": "closed""#;
 /// Request `id` arrives (for API key `key`) in its own callback.
 fn arrive(worker: &Worker<FakeHost>, id: u32, key: &str) -> PendingRequest<u32> {
     let request = PendingRequest::new(id);
+    let headers = vec![("x-api-key".to_string(), key.to_string())];
+    worker.host.request_headers.borrow_mut().insert(id, headers);
     let planned = plan(
         &worker.config,
         &FakeRequest::get("/").with_header("x-api-key", key),
@@ -294,4 +296,50 @@ fn teardown_loses_the_returns_waiting_and_a_later_request_is_decided_at_once() {
     );
     assert_eq!(sent(&worker).len(), 1);
     each_answered_once(&worker, &[1, 2]);
+}
+
+#[test]
+fn a_spilled_request_is_checked_again_without_its_spilling_rule_and_resumed_once() {
+    let json = r#"{"shim_cluster": "c", "local_slots": 64, "timeout": "100ms", "deny_cache": false,
+        "rules": [
+            {"name": "r", "key": [{"header": "x-api-key"}], "limit": 10, "period": "10s",
+             "on_exceeded": {"spill": {"header": "x-pool", "value": "fallback"}}},
+            {"name": "fb", "key": [{"header": "x-api-key"}], "limit": 10, "period": "10s",
+             "match": {"headers": [{"name": "x-pool", "value": "fallback"}]}}]}"#;
+    let config = FilterConfig::from_json(json.as_bytes()).unwrap();
+    let host = FakeHost::default();
+    host.now_ms.set(NOW_MS);
+    create_slots(&host.slots, config.local_slots).unwrap();
+    let worker = Worker::new(host, 1, config);
+    let request = arrive(&worker, 1, "a");
+    worker.on_wake();
+    answer(&worker, 1, false);
+    assert_eq!(worker.host.outcomes_of(1), [], "spilled, not refused");
+    assert_eq!(
+        worker.host.request_headers.borrow()[&1],
+        [
+            ("x-api-key".to_string(), "a".to_string()),
+            ("x-pool".to_string(), "fallback".to_string())
+        ]
+    );
+    worker.on_wake();
+    let second = &worker.host.calls.borrow()[&2];
+    let keys: Vec<&str> = second.requests[0]
+        .checks
+        .iter()
+        .map(|check| check.key.as_str())
+        .collect();
+    assert_eq!(keys.len(), 1);
+    assert!(keys[0].starts_with("fb"), "{keys:?}");
+    answer(&worker, 2, true);
+    each_answered_once(&worker, &[1]);
+    assert_eq!(worker.host.outcomes_of(1), [Happened::Resumed(1)]);
+    let headers = &request.state.borrow().response_headers;
+    assert!(
+        headers.contains(&("x-ratelimit-spilled".to_string(), "r".to_string())),
+        "{headers:?}"
+    );
+    assert_eq!(worker.host.counter("ratelimit.r.spilled"), 1);
+    assert_eq!(worker.host.counter("ratelimit.r.denied"), 0);
+    assert_eq!(worker.host.counter("ratelimit.fb.allowed"), 1);
 }
