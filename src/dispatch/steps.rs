@@ -1,7 +1,8 @@
 //! One request's steps through its worker: started, run again after a lease
 //! acquisition, answered (or failed), and its stream's end. Applying an outcome means
-//! recording the step's events, then answering with a local reply or keeping the
-//! headers for the response; where a request waits is `rounds`'s business.
+//! recording the step's events, then answering with a local reply, keeping the headers
+//! for the response, or spilling the request over (its headers set, then planned and
+//! started again); where a request waits is `rounds`'s business.
 
 use super::host::{Flow, Host, LogLevel};
 use super::paused::{PendingRequest, RequestState};
