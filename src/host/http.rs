@@ -1,20 +1,15 @@
-//! One HTTP request's context: reads the request through Envoy ([`HostRequest`]), plans
-//! its checks and starts deciding it ([`PendingRequest`]); adds the rate-limit headers
-//! to the response.
+//! One HTTP request's context: plans its checks (through
+//! [`plan_current`](super::current_request::plan_current)) and starts deciding it
+//! ([`PendingRequest`]); adds the rate-limit headers to the response.
 
-use super::hostcalls::{
-    add_response_header, header_map, log, property_bytes, property_text, request_headers, response_body_part,
-    set_request_header,
-};
+use super::current_request::plan_current;
+use super::hostcalls::{add_response_header, header_map, log, response_body_part, set_request_header};
 use super::wasm_host::Worker;
-use crate::attributes::{claim_text, combined_header, header_text, RequestAttributes};
-use crate::config::FilterConfig;
+use crate::attributes::header_text;
 use crate::dispatch::host::{Flow, Host};
 use crate::dispatch::paused::PendingRequest;
-use crate::plan::{plan, PlannedCheck};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel, MapType};
-use std::cell::OnceCell;
 use std::rc::Rc;
 
 /// The proxy-wasm HTTP context of one request: reads it, runs its decision (through
@@ -22,36 +17,6 @@ use std::rc::Rc;
 pub struct HttpFilter {
     pub worker: Rc<Worker>,
     pub request: PendingRequest<u32>,
-}
-
-/// The current request as seen through Envoy's header map and properties.
-struct HostRequest<'a> {
-    jwt_payload_in_metadata: &'a str,
-    /// Every header, read once (one host call) on the first lookup.
-    headers: OnceCell<Vec<(String, Vec<u8>)>>,
-}
-
-impl RequestAttributes for HostRequest<'_> {
-    fn header(&self, name: &str) -> Option<String> {
-        combined_header(self.headers.get_or_init(request_headers), name)
-    }
-
-    fn source_address(&self) -> Option<String> {
-        property_text(vec!["source", "address"])
-    }
-
-    /// Only what `jwt_authn` verified and wrote to dynamic metadata; the Authorization
-    /// header itself is never read.
-    fn jwt_claim(&self, name: &str) -> Option<String> {
-        property_bytes(vec![
-            "metadata",
-            "filter_metadata",
-            "envoy.filters.http.jwt_authn",
-            self.jwt_payload_in_metadata,
-            name,
-        ])
-        .map(|bytes| claim_text(&bytes))
-    }
 }
 
 impl Context for HttpFilter {
@@ -63,15 +28,6 @@ impl Context for HttpFilter {
         self.request.end_stream(&self.worker);
         true
     }
-}
-
-/// The checks `config` plans for the current request, its headers read now.
-pub(super) fn plan_current(config: &FilterConfig) -> Vec<PlannedCheck> {
-    let request = HostRequest {
-        jwt_payload_in_metadata: &config.jwt_payload_in_metadata,
-        headers: OnceCell::new(),
-    };
-    plan(config, &request)
 }
 
 impl HttpContext for HttpFilter {

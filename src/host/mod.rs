@@ -7,8 +7,10 @@
 //! 1. [`root`]: the root context, one per plugin instance and worker;
 //! 2. [`http`]: the context of one request;
 //! 3. [`wasm_host`]: proxy-wasm as the worker's [`Host`](crate::dispatch::host::Host);
-//! 4. [`hostcalls`]: every other call into Envoy.
+//! 4. [`current_request`]: the current request's attributes, for the planner;
+//! 5. [`hostcalls`]: every other call into Envoy.
 
+mod current_request;
 mod hostcalls;
 mod http;
 mod root;

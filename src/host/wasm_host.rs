@@ -8,8 +8,8 @@
 //! sends only on a wake-up, a tick or an answer), and a request wakes the root through
 //! its queue.
 
+use super::current_request::plan_current;
 use super::hostcalls::{log, set_request_header, SharedData};
-use super::http::plan_current;
 use crate::config::FilterConfig;
 use crate::dispatch::host::{CallRefused, Host, LogLevel, MetricKind};
 use crate::plan::PlannedCheck;
