@@ -1,8 +1,9 @@
 //! Settling an admitted request at its real cost, known only from its response
 //! (`cost_from_response`): the charges that wait for the response, the cost the response
-//! reports (a header, a trailer, or weighted numbers in a JSON or event-stream body read
-//! by [`crate::response_body`]) and the settlements sent to the shim when the stream
-//! ends. Pure: the host layer hands in what it reads.
+//! reports (a header, a trailer, weighted numbers in a JSON or event-stream body read
+//! by [`crate::response_body`], or weighted counts of the token usage Envoy publishes in
+//! the stream's metadata) and the settlements sent to the shim when the stream ends.
+//! Pure: the host layer hands in what it reads.
 //!
 //! The admission charged the rule's `cost`, the estimate. The settlement charges the
 //! difference (the counter may go into debt) or gives it back. A response that reports
@@ -11,7 +12,7 @@
 //! `unreported_cost`, or what it did report if more, counted as `cost_unreported`.
 
 use crate::config::{parse_cost, MAX_PATHS};
-use crate::config::{CostFromResponse, CostSource, UnreportedCost};
+use crate::config::{CostField, CostFromResponse, CostSource, TokenUsageCost, UnreportedCost};
 use crate::response_body::{body_format, BodyReader};
 use crate::stats::{Count, Stat};
 use crate::wire::{Settlement, MAX_LIMIT};
@@ -64,8 +65,10 @@ impl BodyBudget {
 #[derive(Debug, Default)]
 pub struct ResponseCosts {
     pending: Vec<PendingSettlement>,
-    /// A header's or trailer's value, per pending charge.
+    /// A header's, trailer's or token usage's value, per pending charge.
     reported: Vec<Option<u64>>,
+    /// What a token usage that is not whole did report, per pending charge.
+    partial: Vec<u64>,
     body: Option<BodyReader>,
     /// The part of the worker's budget the body reader holds.
     reserved: usize,
@@ -86,6 +89,7 @@ impl ResponseCosts {
     pub fn new(pending: Vec<PendingSettlement>) -> ResponseCosts {
         ResponseCosts {
             reported: vec![None; pending.len()],
+            partial: vec![0; pending.len()],
             pending,
             ..ResponseCosts::default()
         }
@@ -111,7 +115,7 @@ impl ResponseCosts {
                         }
                     }
                 }
-                CostSource::Trailer(_) => {}
+                CostSource::Trailer(_) | CostSource::TokenUsage(_) => {}
             }
         }
         if paths.is_empty() {
@@ -141,6 +145,26 @@ impl ResponseCosts {
         }
     }
 
+    /// Whether a rule reads the token usage Envoy publishes: the host reads it (with
+    /// [`ResponseCosts::read_token_usage`]) once the stream has ended.
+    pub fn reads_token_usage(&self) -> bool {
+        self.pending
+            .iter()
+            .any(|pending| matches!(pending.cost.source, CostSource::TokenUsage(_)))
+    }
+
+    /// Reads the token usage Envoy published for the stream. `metadata(namespace, path)`
+    /// gives a value of the stream's typed metadata as Envoy's Wasm host serialises it:
+    /// a count in 8 bytes, little-endian (anything else is no count).
+    pub fn read_token_usage(&mut self, metadata: impl Fn(&str, &[&str]) -> Option<Vec<u8>>) {
+        let pending = self.pending.iter();
+        for ((pending, reported), partial) in pending.zip(&mut self.reported).zip(&mut self.partial) {
+            if let CostSource::TokenUsage(usage) = &pending.cost.source {
+                (*reported, *partial) = token_usage_cost(usage, &metadata);
+            }
+        }
+    }
+
     /// Whether the body is being read: the host reads each chunk only then.
     pub fn wants_body(&self) -> bool {
         self.body.is_some()
@@ -161,10 +185,11 @@ impl ResponseCosts {
         budget.give_back(self.reserved);
         let mut settlements = Vec::new();
         let mut counts = Vec::new();
-        for (pending, reported) in self.pending.into_iter().zip(self.reported) {
+        let reported = self.reported.into_iter().zip(self.partial);
+        for (pending, (reported, partial)) in self.pending.into_iter().zip(reported) {
             let (reported, partial) = match &pending.cost.source {
                 CostSource::Body(fields) => body_cost(self.body.as_ref(), fields),
-                _ => (reported, 0),
+                _ => (reported, partial),
             };
             let actual = match reported {
                 Some(actual) => {
@@ -205,19 +230,47 @@ impl ResponseCosts {
 
 /// A body's reported cost: the weighted sum when every field was found, and the sum of
 /// those found either way (an unreported response is charged at least that).
-fn body_cost(body: Option<&BodyReader>, fields: &[crate::config::CostField]) -> (Option<u64>, u64) {
+fn body_cost(body: Option<&BodyReader>, fields: &[CostField]) -> (Option<u64>, u64) {
     let Some(body) = body else {
         return (None, 0);
     };
+    weighted_cost(fields, |field| {
+        body.paths()
+            .iter()
+            .position(|path| *path == field.path)
+            .and_then(|index| body.found().get(index).copied().flatten())
+    })
+}
+
+/// `TokenUsage.extraction_status` of a record whose counts may be stale or short
+/// (`PARTIAL`): what it reports is charged at least, as for a body cut short.
+const EXTRACTION_PARTIAL: u64 = 2;
+
+/// The token usage's cost, as [`body_cost`]'s: none reported unless every field was
+/// published and the record is whole.
+fn token_usage_cost(
+    usage: &TokenUsageCost,
+    metadata: &impl Fn(&str, &[&str]) -> Option<Vec<u8>>,
+) -> (Option<u64>, u64) {
+    let count = |path: &[&str]| {
+        let bytes: [u8; 8] = metadata(&usage.namespace, path)?.try_into().ok()?;
+        Some(u64::from_le_bytes(bytes))
+    };
+    let (cost, sum) = weighted_cost(&usage.fields, |field| {
+        let path: Vec<&str> = field.path.iter().map(String::as_str).collect();
+        count(&path).map(|value| value.min(MAX_LIMIT))
+    });
+    let partial = count(&["extraction_status"]) == Some(EXTRACTION_PARTIAL);
+    (cost.filter(|_| !partial), sum)
+}
+
+/// The weighted sum of `fields` when `value` gives every one of them, and of those it
+/// gives either way.
+fn weighted_cost(fields: &[CostField], value: impl Fn(&CostField) -> Option<u64>) -> (Option<u64>, u64) {
     let mut sum = 0u64;
     let mut complete = true;
     for field in fields {
-        let value = body
-            .paths()
-            .iter()
-            .position(|path| *path == field.path)
-            .and_then(|index| body.found().get(index).copied().flatten());
-        match value {
+        match value(field) {
             Some(value) => sum = sum.saturating_add(value.saturating_mul(field.weight)),
             None => complete = false,
         }
@@ -229,7 +282,6 @@ fn body_cost(body: Option<&BodyReader>, fields: &[crate::config::CostField]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::CostField;
     use crate::wire::Algorithm;
     // On wasm32 the same tests run under wasm-bindgen-test (Node).
     #[cfg(target_arch = "wasm32")]
@@ -374,6 +426,83 @@ mod tests {
         costs.add_body(b"event: message_delta\ndata: {\"usage\": {\"output_tokens\": 40}}\n\n");
         let (settlements, _) = costs.finish(&budget);
         assert_eq!(actuals(&settlements), [("r0:{k}", 100, 220)]);
+    }
+
+    #[test]
+    fn token_usage_settles_from_envoys_metadata_and_a_partial_record_charges_at_least_the_unreported_cost() {
+        let usage = |fields: &[(&str, u64)]| {
+            let CostSource::Body(fields) = body(fields) else {
+                unreachable!()
+            };
+            CostSource::TokenUsage(TokenUsageCost {
+                namespace: "envoy.ai.token_usage".into(),
+                fields,
+            })
+        };
+        let settle = |published: &[(&str, u64)]| {
+            let mut costs = ResponseCosts::new(vec![
+                pending(0, usage(&[("input_tokens", 1), ("output_tokens", 4)]), 100),
+                pending_with(
+                    1,
+                    usage(&[("input_tokens", 1), ("input_token_details.cached_tokens", 1)]),
+                    UnreportedCost::Tokens(500),
+                    100,
+                ),
+            ]);
+            assert!(costs.reads_token_usage());
+            costs.read_token_usage(|namespace, path| {
+                assert_eq!(namespace, "envoy.ai.token_usage");
+                let path = path.join(".");
+                published
+                    .iter()
+                    .find(|(name, _)| *name == path)
+                    .map(|(_, value)| value.to_le_bytes().to_vec())
+            });
+            let (settlements, counts) = costs.finish(&BodyBudget::new(BUDGET));
+            let actuals: Vec<_> = actuals(&settlements)
+                .into_iter()
+                .map(|(key, charged, actual)| (key.to_owned(), charged, actual))
+                .collect();
+            (actuals, stats(&counts))
+        };
+        assert_eq!(
+            settle(&[
+                ("input_tokens", 30),
+                ("output_tokens", 10),
+                ("input_token_details.cached_tokens", 5)
+            ]),
+            (
+                vec![("r0:{k}".to_owned(), 100, 70), ("r1:{k}".to_owned(), 100, 35)],
+                vec![(0, "cost_settled"), (1, "cost_settled")]
+            )
+        );
+        // No cached_tokens: rule 1 is unreported; PARTIAL (2): both are, charged at least
+        // what the record holds.
+        assert_eq!(
+            settle(&[("input_tokens", 30), ("output_tokens", 10)]),
+            (
+                vec![("r0:{k}".to_owned(), 100, 70), ("r1:{k}".to_owned(), 100, 500)],
+                vec![(0, "cost_settled"), (1, "cost_unreported")]
+            )
+        );
+        assert_eq!(
+            settle(&[
+                ("input_tokens", 900),
+                ("output_tokens", 10),
+                ("extraction_status", 2)
+            ]),
+            (
+                vec![("r0:{k}".to_owned(), 100, 940), ("r1:{k}".to_owned(), 100, 900)],
+                vec![(0, "cost_unreported"), (1, "cost_unreported")]
+            )
+        );
+        assert_eq!(
+            settle(&[]),
+            (
+                vec![("r1:{k}".to_owned(), 100, 500)],
+                vec![(0, "cost_unreported"), (1, "cost_unreported")]
+            )
+        );
     }
 
     #[test]

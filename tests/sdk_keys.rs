@@ -30,7 +30,8 @@ fn demo_envoy_config(shim_port: u16, llm_port: u16) -> Value {
     config["admin"]["address"] = loopback(0);
     for cluster in config["static_resources"]["clusters"].as_array_mut().unwrap() {
         let port = match cluster["name"].as_str() {
-            Some("llm") => llm_port,
+            // The spill-over pool answers like the model: these keys never spill.
+            Some("llm") | Some("fallback") => llm_port,
             Some("ratelimit_shim") => shim_port,
             other => panic!("unexpected cluster {other:?} in envoy.yaml"),
         };

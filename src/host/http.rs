@@ -3,7 +3,9 @@
 //! ([`PendingRequest`]); adds the rate-limit headers to the response.
 
 use super::current_request::plan_current;
-use super::hostcalls::{add_response_header, header_map, log, response_body_part, set_request_header};
+use super::hostcalls::{
+    add_response_header, header_map, log, property_bytes, response_body_part, set_request_header,
+};
 use super::wasm_host::Worker;
 use crate::attributes::header_text;
 use crate::dispatch::host::{Flow, Host};
@@ -19,13 +21,31 @@ pub struct HttpFilter {
     pub request: PendingRequest<u32>,
 }
 
+impl HttpFilter {
+    /// The stream is over: the token usage Envoy published for it, if a rule reads it,
+    /// is read before the request settles. Published at the stream's clean end, by a
+    /// filter that may encode after this one, it is there by now.
+    fn end_stream(&self) {
+        let mut state = self.request.state.borrow_mut();
+        if state.response_costs.reads_token_usage() {
+            state.response_costs.read_token_usage(|namespace, path| {
+                let mut property = vec!["metadata", "typed_filter_metadata", namespace];
+                property.extend_from_slice(path);
+                property_bytes(property)
+            });
+        }
+        drop(state);
+        self.request.end_stream(&self.worker);
+    }
+}
+
 impl Context for HttpFilter {
     /// The stream is over, whatever ended it (response complete, upstream reset,
     /// timeout, client abort, a later filter's reply): the request gives back what it
     /// holds and settles what its response reported it cost. `on_log` does the same,
     /// whichever comes first: the second finds nothing left.
     fn on_done(&mut self) -> bool {
-        self.request.end_stream(&self.worker);
+        self.end_stream();
         true
     }
 }
@@ -56,7 +76,7 @@ impl HttpContext for HttpFilter {
 
     /// The stream is over (see `on_done`).
     fn on_log(&mut self) {
-        self.request.end_stream(&self.worker);
+        self.end_stream();
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {

@@ -217,7 +217,8 @@ fn answer(stream: &mut TcpStream, shared: &Shared, head: &Head) -> bool {
         ),
         "json" => {
             let body = format!(
-                r#"{{"id":"chat-1","choices":[{{"index":0,"n":{tokens}}}],"usage":{{"prompt_tokens":{prompt},"total_tokens":{tokens}}}}}"#
+                r#"{{"id":"chat-1","choices":[{{"index":0,"n":{tokens}}}],"usage":{{"prompt_tokens":{prompt},"completion_tokens":{},"total_tokens":{tokens}}}}}"#,
+                tokens.parse::<u64>().unwrap_or(0).saturating_sub(prompt)
             );
             return write_body(stream, head, "application/json", body.as_bytes());
         }

@@ -1,9 +1,10 @@
 //! Compiling a rule's `cost_from_response`: where the response reports the real cost (a
-//! header, a trailer, or weighted numbers in a JSON or event-stream body) and what a
-//! response that never reports it is charged (`unreported_cost`).
+//! header, a trailer, weighted numbers in a JSON or event-stream body, or weighted
+//! counts of the token usage Envoy publishes) and what a response that never reports it
+//! is charged (`unreported_cost`).
 
-use super::model::{CostField, CostFromResponse, CostSource, Scope, UnreportedCost};
-use super::raw::{RawCostField, RawCostFromResponse, RawUnreportedCost};
+use super::model::{CostField, CostFromResponse, CostSource, Scope, TokenUsageCost, UnreportedCost};
+use super::raw::{RawCostField, RawCostFromResponse, RawTokenUsage, RawUnreportedCost};
 use super::ConfigError;
 use crate::wire::{Algorithm, MAX_LIMIT};
 
@@ -16,6 +17,19 @@ const MAX_PATH_DEPTH: usize = 8;
 const MAX_SEGMENT_LEN: usize = 64;
 /// Most one unit of a field may cost.
 const MAX_WEIGHT: u64 = 1_000_000;
+/// Where `ai_protocol_manager` publishes token usage unless told otherwise.
+pub const TOKEN_USAGE_NAMESPACE: &str = "envoy.ai.token_usage";
+/// The counts of `envoy.data.ai.v3.TokenUsage` (Envoy 1.40), every one a `UInt64Value`.
+const TOKEN_USAGE_COUNTS: [&str; 8] = [
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "provider_total_tokens",
+    "input_token_details.cached_tokens",
+    "input_token_details.cache_creation_tokens",
+    "input_token_details.tool_use_tokens",
+    "output_token_details.reasoning_tokens",
+];
 
 impl RawCostFromResponse {
     /// For an algorithm that can settle it: one that keeps a count (a sliding window log
@@ -63,22 +77,33 @@ impl RawCostFromResponse {
                 "{field}.max_body_bytes ({bytes}) has no effect: the body is read as it streams and nothing of it is kept; remove it"
             ));
         }
-        let source = match (self.header, self.trailer, self.json_field, self.json_fields) {
-            (Some(header), None, None, None) => {
+        let source = match (
+            self.header,
+            self.trailer,
+            self.json_field,
+            self.json_fields,
+            self.token_usage,
+        ) {
+            (Some(header), None, None, None, None) => {
                 CostSource::Header(compile_field_name(format!("{field}.header"), &header)?)
             }
-            (None, Some(trailer), None, None) => {
+            (None, Some(trailer), None, None, None) => {
                 CostSource::Trailer(compile_field_name(format!("{field}.trailer"), &trailer)?)
             }
-            (None, None, Some(path), None) => CostSource::Body(vec![CostField {
+            (None, None, Some(path), None, None) => CostSource::Body(vec![CostField {
                 path: compile_path(&format!("{field}.json_field"), &path)?,
                 weight: 1,
             }]),
-            (None, None, None, Some(fields)) => CostSource::Body(compile_fields(&field, fields)?),
+            (None, None, None, Some(fields), None) => {
+                CostSource::Body(compile_fields(&format!("{field}.json_fields"), fields)?)
+            }
+            (None, None, None, None, Some(usage)) => {
+                CostSource::TokenUsage(compile_token_usage(&format!("{field}.token_usage"), usage)?)
+            }
             _ => {
                 return Err(ConfigError::new(
                     field,
-                    "give exactly one of header, trailer, json_field or json_fields",
+                    "give exactly one of header, trailer, json_field, json_fields or token_usage",
                 ))
             }
         };
@@ -111,16 +136,44 @@ impl RawCostFromResponse {
     }
 }
 
+/// A token usage source: its namespace, and counts of `TokenUsage` that exist.
+fn compile_token_usage(field: &str, raw: RawTokenUsage) -> Result<TokenUsageCost, ConfigError> {
+    let namespace = raw.namespace.unwrap_or_else(|| TOKEN_USAGE_NAMESPACE.to_string());
+    let valid =
+        !namespace.is_empty() && namespace.len() <= 128 && namespace.bytes().all(|b| b.is_ascii_graphic());
+    if !valid {
+        return Err(ConfigError::new(
+            format!("{field}.namespace"),
+            "must be a metadata namespace: 1..=128 printable characters, no spaces",
+        ));
+    }
+    let fields = compile_fields(&format!("{field}.fields"), raw.fields)?;
+    for (index, cost_field) in fields.iter().enumerate() {
+        let path = cost_field.path.join(".");
+        if !TOKEN_USAGE_COUNTS.contains(&path.as_str()) {
+            return Err(ConfigError::new(
+                format!("{field}.fields[{index}].path"),
+                format!(
+                    "{path:?} is not a count of Envoy's TokenUsage: one of {}",
+                    TOKEN_USAGE_COUNTS.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(TokenUsageCost { namespace, fields })
+}
+
+/// Weighted paths, `field` naming the list.
 fn compile_fields(field: &str, raw: Vec<RawCostField>) -> Result<Vec<CostField>, ConfigError> {
     if raw.is_empty() || raw.len() > MAX_PATHS {
         return Err(ConfigError::new(
-            format!("{field}.json_fields"),
+            field,
             format!("must list 1..={MAX_PATHS} fields"),
         ));
     }
     let mut fields: Vec<CostField> = Vec::with_capacity(raw.len());
     for (index, raw) in raw.into_iter().enumerate() {
-        let at = format!("{field}.json_fields[{index}]");
+        let at = format!("{field}[{index}]");
         let path = compile_path(&format!("{at}.path"), &raw.path)?;
         if fields.iter().any(|other| other.path == path) {
             return Err(ConfigError::new(

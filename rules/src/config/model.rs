@@ -142,9 +142,10 @@ pub struct CostFromResponse {
 }
 
 impl CostFromResponse {
-    /// Whether the cost is read from the response body.
+    /// Whether the cost is read from the response body, by this filter or by Envoy's
+    /// AI protocol manager: either needs it whole and uncompressed.
     pub fn reads_body(&self) -> bool {
-        matches!(self.source, CostSource::Body(_))
+        matches!(self.source, CostSource::Body(_) | CostSource::TokenUsage(_))
     }
 }
 
@@ -158,6 +159,19 @@ pub enum CostSource {
     /// Numbers in a JSON body or in the JSON events of an event stream, each times its
     /// weight, summed.
     Body(Vec<CostField>),
+    /// Counts of the typed `envoy.data.ai.v3.TokenUsage` that Envoy's
+    /// `ai_protocol_manager` publishes in the stream's dynamic metadata, each times its
+    /// weight, summed: read when the stream ends.
+    TokenUsage(TokenUsageCost),
+}
+
+/// Where Envoy publishes a response's token usage, and which of its counts are charged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenUsageCost {
+    /// The metadata namespace (`ai_protocol_manager`'s `metadata_namespace`).
+    pub namespace: String,
+    /// Paths into `TokenUsage` (`input_tokens`, `input_token_details.cached_tokens`).
+    pub fields: Vec<CostField>,
 }
 
 /// One number of a body's reported cost: its path (object fields, or array indexes in

@@ -133,11 +133,21 @@ pub(super) struct RawCostFromResponse {
     pub(super) json_field: Option<String>,
     #[serde(default)]
     pub(super) json_fields: Option<Vec<RawCostField>>,
+    #[serde(default)]
+    pub(super) token_usage: Option<RawTokenUsage>,
     /// Accepted from older configurations; nothing of a body is kept any more.
     #[serde(default)]
     pub(super) max_body_bytes: Option<i64>,
     #[serde(default)]
     pub(super) unreported_cost: Option<RawUnreportedCost>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTokenUsage {
+    pub(super) fields: Vec<RawCostField>,
+    #[serde(default)]
+    pub(super) namespace: Option<String>,
 }
 
 #[derive(Deserialize)]

@@ -339,6 +339,41 @@ fn cost_from_response_names_where_the_cost_is_read() {
             UnreportedCost::Tokens(0)
         ))
     );
+    assert_eq!(
+        source(
+            r#""cost_from_response": {"token_usage": {"fields": [{"path": "input_tokens"},
+                {"path": "output_token_details.reasoning_tokens", "weight": 3}]}, "unreported_cost": 7}"#
+        ),
+        Some((
+            CostSource::TokenUsage(TokenUsageCost {
+                namespace: "envoy.ai.token_usage".into(),
+                fields: vec![
+                    CostField {
+                        path: path("input_tokens"),
+                        weight: 1
+                    },
+                    CostField {
+                        path: path("output_token_details.reasoning_tokens"),
+                        weight: 3
+                    },
+                ],
+            }),
+            UnreportedCost::Tokens(7)
+        ))
+    );
+    assert_eq!(
+        source(
+            r#""cost_from_response": {"token_usage": {"namespace": "llm.usage", "fields": [{"path": "total_tokens"}]}}"#
+        )
+        .map(|(source, _)| source),
+        Some(CostSource::TokenUsage(TokenUsageCost {
+            namespace: "llm.usage".into(),
+            fields: vec![CostField {
+                path: path("total_tokens"),
+                weight: 1
+            }],
+        }))
+    );
     assert_eq!(source(r#""shadow": false"#), None);
     // Loud, not refused: no unreported_cost (aborting costs only the estimate), and the
     // max_body_bytes of older configurations (nothing of a body is kept any more).
@@ -398,6 +433,26 @@ fn cost_from_response_names_where_the_cost_is_read() {
         (
             r#""cost_from_response": {"json_fields": [{"path": "a", "price": 2}]}"#,
             "price",
+        ),
+        (
+            r#""cost_from_response": {"token_usage": {"fields": [{"path": "usage.prompt_tokens"}]}}"#,
+            "rules[0].cost_from_response.token_usage.fields[0].path",
+        ),
+        (
+            r#""cost_from_response": {"token_usage": {"fields": []}}"#,
+            "rules[0].cost_from_response.token_usage.fields",
+        ),
+        (
+            r#""cost_from_response": {"token_usage": {"namespace": "a b", "fields": [{"path": "input_tokens"}]}}"#,
+            "rules[0].cost_from_response.token_usage.namespace",
+        ),
+        (
+            r#""cost_from_response": {"header": "x", "token_usage": {"fields": [{"path": "input_tokens"}]}}"#,
+            "rules[0].cost_from_response",
+        ),
+        (
+            r#""cost_from_response": {"token_usage": {"fields": [{"path": "input_tokens", "weight": 0}]}}"#,
+            "rules[0].cost_from_response.token_usage.fields[0].weight",
         ),
         (
             r#""cost_from_response": {"header": "x", "unreported_cost": "maximum"}"#,
