@@ -1,5 +1,6 @@
-//! `--rls-config` refused at start with every file's error: a directory of two bad files
-//! and a good one is refused naming both files and their fields, by `redis_shim::run`
+//! `--rls-config` refused at start with every error: a directory of two bad files (one
+//! with two bad descriptors) and a good one is refused naming both files and each
+//! field, by `redis_shim::run`
 //! and by the binary, which says so before it logs that it listens.
 
 mod support;
@@ -11,7 +12,8 @@ use std::time::Duration;
 use support::*;
 
 /// A directory of three files: `a-quota.yaml` (a switch that is not a boolean), `b-good.yaml`, and
-/// `c-unit.yaml` (a unit it does not know, two levels down).
+/// `c-unit.yaml` (a unit it does not know, two levels down, and a count that is not a
+/// number in the next descriptor).
 fn two_bad_files_and_a_good_one() -> PathBuf {
     let dir = scratch("rls-config").join("config");
     fs::create_dir_all(&dir).unwrap();
@@ -27,20 +29,25 @@ fn two_bad_files_and_a_good_one() -> PathBuf {
     .unwrap();
     fs::write(
         dir.join("c-unit.yaml"),
-        "domain: three\ndescriptors:\n  - key: tenant\n    descriptors:\n      - key: user\n        rate_limit: { unit: fortnight, requests_per_unit: 3 }\n",
+        "domain: three\ndescriptors:\n  - key: tenant\n    descriptors:\n      - key: user\n        rate_limit: { unit: fortnight, requests_per_unit: 3 }\n\
+         \x20 - key: region\n    rate_limit: { unit: hour, requests_per_unit: many }\n",
     )
     .unwrap();
     dir
 }
 
 fn assert_names_both(refused: &str) {
-    assert!(refused.contains("2 errors"), "{refused}");
+    assert!(refused.contains("3 errors"), "{refused}");
     assert!(
         refused.contains("a-quota.yaml: descriptors[0].quota_mode: must be true or false"),
         "{refused}"
     );
     assert!(
         refused.contains("c-unit.yaml: descriptors[0].descriptors[0].rate_limit.unit"),
+        "{refused}"
+    );
+    assert!(
+        refused.contains("c-unit.yaml: descriptors[1].rate_limit.requests_per_unit"),
         "{refused}"
     );
     assert!(!refused.contains("b-good.yaml"), "{refused}");

@@ -122,8 +122,8 @@ pub fn no_filter_config(_: &str, _: &Limit, _: &Position, at: &str) -> Result<Sh
 
 /// Loads `path`: a file, or every `.yaml`/`.yml` file of a directory (in name order),
 /// each `filter_rule` linked by `share`, a domain in several files merged when
-/// `merge_domains`. Every file is read, so that the error names each file refused (each
-/// with its first error, `file: path.in.yaml: why`), not only the first one.
+/// `merge_domains`. Every file is read, so that the errors name each file refused and
+/// each bad descriptor in it (`file: path.in.yaml: why`), not only the first one.
 pub fn load(path: &Path, share: &ShareRule, merge_domains: bool) -> Result<RlsConfig, Vec<String>> {
     let mut config = RlsConfig {
         merge_domains,
@@ -132,10 +132,10 @@ pub fn load(path: &Path, share: &ShareRule, merge_domains: bool) -> Result<RlsCo
     let mut errors = Vec::new();
     for file in config_files(path).map_err(|e| vec![e])? {
         let added = std::fs::read_to_string(&file)
-            .map_err(|e| e.to_string())
+            .map_err(|e| vec![e.to_string()])
             .and_then(|text| config.add_file_sharing(&text, share));
-        if let Err(e) = added {
-            errors.push(format!("{}: {e}", file.display()));
+        if let Err(found) = added {
+            errors.extend(found.iter().map(|e| format!("{}: {e}", file.display())));
         }
     }
     if errors.is_empty() {
@@ -185,13 +185,27 @@ fn document(text: &str) -> Result<Value, String> {
 
 impl RlsConfig {
     /// Adds one file's domain; a domain already loaded is refused (as envoyproxy/ratelimit
-    /// does without MERGE_DOMAIN_CONFIG) unless [`RlsConfig::merge_domains`].
+    /// does without MERGE_DOMAIN_CONFIG) unless [`RlsConfig::merge_domains`]; its errors
+    /// joined by `; `.
     pub fn add_file(&mut self, text: &str) -> Result<(), String> {
         self.add_file_sharing(text, &no_filter_config)
+            .map_err(|errors| errors.join("; "))
     }
 
-    /// As [`RlsConfig::add_file`], each `filter_rule` linked by `share`.
-    pub fn add_file_sharing(&mut self, text: &str, share: &ShareRule) -> Result<(), String> {
+    /// As [`RlsConfig::add_file`], each `filter_rule` linked by `share`: every error
+    /// found, the file's own first, or one per bad descriptor.
+    pub fn add_file_sharing(&mut self, text: &str, share: &ShareRule) -> Result<(), Vec<String>> {
+        let errors = self.add_domain(text, share).map_err(|e| vec![e])?;
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// Adds the file's domain and returns its descriptors' errors; a field of the file
+    /// itself refused is the error.
+    fn add_domain(&mut self, text: &str, share: &ShareRule) -> Result<Vec<String>, String> {
         let root = document(text)?;
         let root = mapping(&root, "the file")?;
         known_fields(root, "", &["domain", "descriptors"])?;
@@ -210,7 +224,16 @@ impl RlsConfig {
             share,
             above_all_valued: true,
         };
-        load_descriptors(node, root.get("descriptors"), "descriptors", &domain, &context)
+        let mut errors = Vec::new();
+        load_descriptors(
+            node,
+            root.get("descriptors"),
+            "descriptors",
+            &domain,
+            &context,
+            &mut errors,
+        );
+        Ok(errors)
     }
 
     /// One file's configuration, for tests.

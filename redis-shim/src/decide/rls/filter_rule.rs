@@ -44,9 +44,11 @@ pub fn load(
 /// Adds one file to `config` ([`RlsConfig::add_file`]) with its `filter_rule`s linked to
 /// `filter`'s rules.
 pub fn add_file(config: &mut RlsConfig, text: &str, filter: &FilterConfig) -> Result<(), String> {
-    config.add_file_sharing(text, &|rule, limit, position, at| {
-        share(filter, rule, limit, position, at)
-    })
+    config
+        .add_file_sharing(text, &|rule, limit, position, at| {
+            share(filter, rule, limit, position, at)
+        })
+        .map_err(|errors| errors.join("; "))
 }
 
 /// `--rls-filter-config`: the filter's plugin configuration, parsed and checked by the
