@@ -9,7 +9,7 @@
 //! stream ends, [`RequestDecision::end_stream`] says what it gives back
 //! ([`stream_end`](crate::stream_end)).
 
-use crate::config::{RuleFailureMode, Scope};
+use crate::config::RuleFailureMode;
 use crate::events::Event;
 use crate::judged::Judged;
 use crate::local::{CheckState, Claim, FallbackVerdict, LocalLayer, LocalPass, SlotStore};
@@ -19,9 +19,10 @@ use crate::settlement::PendingSettlement;
 use crate::shim_call::ShimFailure;
 use crate::spill::{spill_over, Spill};
 use crate::stats::{Count, Stat};
-use crate::stream_end::{held, Held, SlotAsked};
-use crate::wire::{Check, CheckResult, Settlement, UnsupportedCheck};
+use crate::stream_end::{Held, SlotAsked};
+use crate::wire::{Check, CheckResult, UnsupportedCheck};
 
+mod holding;
 mod unsupported;
 
 /// A step's result and the events to record for it.
@@ -225,83 +226,6 @@ impl RequestDecision {
             // Pending rules without a fallback decision pass unseen by the headers.
             FallbackVerdict::Refused | FallbackVerdict::Allow => self.decide_known(local, now_ms, events),
         }
-    }
-
-    /// The charges of the admitted request that its response settles, taken once.
-    pub fn take_settlements(&mut self) -> Vec<PendingSettlement> {
-        std::mem::take(&mut self.to_settle)
-    }
-
-    /// Each check the shim charged for a rule whose cost the response reports.
-    fn charges_to_settle(&self) -> Vec<PendingSettlement> {
-        self.planned
-            .iter()
-            .zip(&self.pass.checks)
-            .filter_map(|(item, state)| {
-                let CheckState::Known(result) = *state else {
-                    return None;
-                };
-                let cost = item.rule.cost_from_response.clone()?;
-                (result.granted > 0).then(|| PendingSettlement {
-                    rule_index: item.rule_index,
-                    cost,
-                    settlement: Settlement {
-                        key: item.check.key.clone(),
-                        algorithm: item.check.algorithm,
-                        limit: item.check.limit,
-                        period_ms: item.check.period_ms,
-                        charged: result.granted,
-                        actual: result.granted,
-                        stamp: result.stamp,
-                        calendar: item.check.calendar,
-                    },
-                })
-            })
-            .collect()
-    }
-
-    /// The request's stream ended (for any reason): what it holds goes back, and so does
-    /// whatever an answer still on its way grants it. Returns the events to record;
-    /// nothing the second time.
-    pub fn end_stream<S: SlotStore>(&mut self, local: &LocalLayer<'_, S>) -> Vec<Event> {
-        self.stream_ended = true;
-        let mut events: Vec<Event> = local
-            .end_stream(&mut self.pass)
-            .into_iter()
-            .map(Event::Count)
-            .collect();
-        events.extend(self.take_held().into_iter().flat_map(Held::into_events));
-        events
-    }
-
-    pub fn stream_ended(&self) -> bool {
-        self.stream_ended
-    }
-
-    /// What the request holds now, taken: a result no longer holds it afterwards.
-    fn take_held(&mut self) -> Vec<Held> {
-        let taken = held(
-            self.planned
-                .iter()
-                .zip(&self.pass.checks)
-                .filter_map(|(item, state)| {
-                    match state {
-                        // A local rule's slot is in shared data: the local layer gives it back.
-                        CheckState::Known(result) if item.rule.scope == Scope::Global => {
-                            Some((item.rule_index, &item.check, result))
-                        }
-                        _ => None,
-                    }
-                }),
-        );
-        for (item, state) in self.planned.iter().zip(self.pass.checks.iter_mut()) {
-            if let CheckState::Known(result) = state {
-                if taken.iter().any(|held| held.rule_index == item.rule_index) {
-                    result.granted = 0;
-                }
-            }
-        }
-        taken
     }
 
     /// The checks asked of the shim that can grant a concurrency slot, with their
