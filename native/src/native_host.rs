@@ -1,0 +1,182 @@
+//! Envoy's dynamic-module ABI as the worker's [`Host`]: one per plugin configuration
+//! and worker thread. A shim call is a callout carried by one of the worker's streams
+//! (the one paused last: a per-stream callout ends with its stream); a wake-up is that
+//! stream's scheduler; entering a request makes it the target of the worker's resumes
+//! and replies, which wait in [`Streams`] until the worker has returned and are then
+//! carried out ([`NativeHost::run_actions`]), so that Envoy may call back into the module
+//! (a reply ends a stream at once) with nothing borrowed.
+
+use crate::abi;
+use crate::envoy::{self, Stream};
+use crate::request_view::plan_stream;
+use crate::slots::ProcessSlots;
+use crate::streams::{Action, Streams};
+use ratelimit_wasm::config::FilterConfig;
+use ratelimit_wasm::dispatch::host::{CallRefused, Host, LogLevel, MetricKind};
+use ratelimit_wasm::plan::PlannedCheck;
+use ratelimit_wasm::response::LocalReply;
+use std::cell::RefCell;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// One plugin configuration on one worker thread.
+pub type Worker = ratelimit_wasm::dispatch::worker::Worker<NativeHost>;
+
+#[derive(Default)]
+pub struct NativeHost {
+    pub streams: RefCell<Streams>,
+}
+
+fn since_epoch() -> Duration {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default()
+}
+
+impl NativeHost {
+    /// Carries out the resumes and replies the worker asked for, one at a time and
+    /// with nothing borrowed: Envoy may call the module's hooks again meanwhile.
+    pub fn run_actions(&self) {
+        loop {
+            let next = self.streams.borrow_mut().next_action();
+            let Some((stream, id, action)) = next else {
+                return;
+            };
+            let Some(stream) = stream else {
+                continue;
+            };
+            self.streams.borrow_mut().unpaused(id);
+            match action {
+                Action::Resume => stream.continue_decoding(),
+                Action::Reply(reply) => stream.send_response(reply.status, &reply.headers, &reply.body),
+            }
+        }
+    }
+
+    fn target_stream(&self) -> Option<(u64, Stream)> {
+        let streams = self.streams.borrow();
+        let id = streams.target()?;
+        Some((id, streams.stream(id)?))
+    }
+}
+
+impl Host for NativeHost {
+    type RequestId = u64;
+    type Slots = ProcessSlots;
+
+    fn slots(&self) -> &ProcessSlots {
+        &ProcessSlots
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(since_epoch().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn now_us(&self) -> u64 {
+        u64::try_from(since_epoch().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn log(&self, level: LogLevel, message: &str) {
+        let level = match level {
+            LogLevel::Info => abi::LOG_INFO,
+            LogLevel::Warn => abi::LOG_WARN,
+            LogLevel::Error => abi::LOG_ERROR,
+        };
+        envoy::log(level, message);
+    }
+
+    /// Not yet: this host keeps no stats (docs/NATIVE.md).
+    fn define_metric(&self, _kind: MetricKind, _name: &str) -> Option<u32> {
+        None
+    }
+
+    fn add_to_metric(&self, _id: u32, _amount: u64) {}
+
+    fn record_in_metric(&self, _id: u32, _value: u64) {}
+
+    fn send_call(
+        &self,
+        cluster: &str,
+        headers: Vec<(&str, &str)>,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<u32, CallRefused> {
+        let carrier = self.streams.borrow().carrier();
+        let Some((id, stream)) = carrier else {
+            return Err(CallRefused {
+                unknown_cluster: false,
+                error: "no live stream to carry the call".to_string(),
+            });
+        };
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX).max(1);
+        match stream.callout(cluster, &headers, body, timeout_ms) {
+            Ok(callout) => Ok(self.streams.borrow_mut().call_sent(id, callout)),
+            Err(result) => Err(CallRefused {
+                unknown_cluster: result == abi::CALLOUT_INIT_CLUSTER_NOT_FOUND,
+                error: format!("callout refused (init result {result})"),
+            }),
+        }
+    }
+
+    fn wake(&self) -> Result<(), String> {
+        let mut streams = self.streams.borrow_mut();
+        if streams.wake_via.is_some() {
+            return Ok(());
+        }
+        let own = streams.own();
+        let id = streams.any_live(own).ok_or("no live stream to wake the worker")?;
+        let entry = streams.entry_mut(id).ok_or("the stream is gone")?;
+        let scheduler = match entry.scheduler {
+            Some(scheduler) => scheduler,
+            None => {
+                let scheduler = entry.stream.new_scheduler().ok_or("Envoy gave no scheduler")?;
+                entry.scheduler = Some(scheduler);
+                scheduler
+            }
+        };
+        streams.wake_via = Some(id);
+        drop(streams);
+        scheduler.schedule();
+        Ok(())
+    }
+
+    fn enter(&self, request: u64) -> bool {
+        let mut streams = self.streams.borrow_mut();
+        if !streams.is_live(request) {
+            return false;
+        }
+        streams.set_current(Some(request));
+        true
+    }
+
+    fn leave(&self) {
+        self.streams.borrow_mut().set_current(None);
+    }
+
+    fn resume(&self) -> Result<(), String> {
+        let mut streams = self.streams.borrow_mut();
+        let id = streams.target().ok_or("no current request")?;
+        streams.push_action(id, Action::Resume);
+        Ok(())
+    }
+
+    fn reply(&self, reply: &LocalReply) -> Result<(), String> {
+        let mut streams = self.streams.borrow_mut();
+        let id = streams.target().ok_or("no current request")?;
+        streams.push_action(id, Action::Reply(reply.clone()));
+        Ok(())
+    }
+
+    fn set_request_header(&self, name: &str, value: &str) -> Result<(), String> {
+        let (_, stream) = self.target_stream().ok_or("no current request")?;
+        if stream.set_header(abi::REQUEST_HEADERS, name, Some(value)) {
+            Ok(())
+        } else {
+            Err(format!("Envoy refused to set {name}"))
+        }
+    }
+
+    fn plan_request(&self, config: &FilterConfig) -> Vec<PlannedCheck> {
+        match self.target_stream() {
+            Some((_, stream)) => plan_stream(config, stream),
+            None => Vec::new(),
+        }
+    }
+}
