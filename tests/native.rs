@@ -277,3 +277,19 @@ fn with_the_shim_silent_each_failure_mode_answers_once_the_timeout_passes() {
     drop(envoy);
     drop(held);
 }
+
+#[test]
+fn a_local_rule_counts_exactly_across_the_worker_threads_in_the_process_wide_table() {
+    // No shim at all: the local layer alone decides, in the slot table every worker
+    // thread shares (two workers, one process).
+    let config = json!({
+        "shim_cluster": "ratelimit_shim",
+        "rules": [{ "name": "per-envoy", "scope": "local", "key": [{ "header": "x-api-key" }],
+                    "limit": 10, "period": "1h" }]
+    });
+    let envoy = FilterHost::Native.start_envoy(refusing_port(), &config);
+    let url = envoy.url("/");
+    let replies = concurrently(40, move |_| get(&url, &[("x-api-key", "local")]));
+    assert_eq!(count_status(&replies, 200), 10, "{replies:?}");
+    assert_eq!(count_status(&replies, 429), 30, "{replies:?}");
+}
