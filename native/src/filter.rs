@@ -13,7 +13,7 @@ use crate::envoy::Stream;
 use crate::native_host::Worker;
 use crate::request_view::plan_stream;
 use ratelimit_wasm::attributes::header_text;
-use ratelimit_wasm::dispatch::host::{Flow, Host};
+use ratelimit_wasm::dispatch::host::{Flow, Host, LogLevel};
 use ratelimit_wasm::dispatch::paused::PendingRequest;
 use ratelimit_wasm::dispatch::rounds::CallAnswer;
 use ratelimit_wasm::wire::VERSION_HEADER;
@@ -37,7 +37,16 @@ impl Filter {
             next.set(next.get() + 1);
             next.get()
         });
-        worker.host.streams.borrow_mut().register(id, stream);
+        let owed = {
+            let mut streams = worker.host.streams.borrow_mut();
+            streams.register(id, stream);
+            streams.wake_owed
+        };
+        if owed && worker.host.wake().is_err() {
+            worker
+                .host
+                .log(LogLevel::Warn, "cannot wake the worker's dispatcher");
+        }
         Filter {
             worker,
             id,
@@ -150,8 +159,10 @@ impl Filter {
                 };
                 worker.on_call_response(token, failed);
             }
-            if was_waking {
-                let _ = worker.host.wake();
+            if was_waking && worker.host.wake().is_err() {
+                worker
+                    .host
+                    .log(LogLevel::Warn, "cannot wake the worker's dispatcher");
             }
         });
     }

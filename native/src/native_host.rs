@@ -1,7 +1,7 @@
 //! Envoy's dynamic-module ABI as the worker's [`Host`]: one per plugin configuration
 //! and worker thread. A shim call is a callout carried by one of the worker's streams
 //! (the one paused last: a per-stream callout ends with its stream); a wake-up is that
-//! stream's scheduler; entering a request makes it the target of the worker's resumes
+//! stream's scheduler (or, with no stream left, the next stream's); entering a request makes it the target of the worker's resumes
 //! and replies, which wait in [`Streams`] until the worker has returned and are then
 //! carried out ([`NativeHost::run_actions`]), so that Envoy may call back into the module
 //! (a reply ends a stream at once) with nothing borrowed.
@@ -121,7 +121,13 @@ impl Host for NativeHost {
             return Ok(());
         }
         let own = streams.own();
-        let id = streams.any_live(own).ok_or("no live stream to wake the worker")?;
+        let Some(id) = streams.any_live(own) else {
+            // The worker goes on counting on this wake-up (it sends nothing meanwhile):
+            // the next stream delivers it (`Filter::new`).
+            streams.wake_owed = true;
+            return Ok(());
+        };
+        streams.wake_owed = false;
         let entry = streams.entry_mut(id).ok_or("the stream is gone")?;
         let scheduler = match entry.scheduler {
             Some(scheduler) => scheduler,

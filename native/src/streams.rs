@@ -37,6 +37,9 @@ pub struct Streams {
     pauses: u64,
     /// The stream whose scheduler will run the next wake-up.
     pub wake_via: Option<u64>,
+    /// A wake-up the worker counts on had no stream to go through: the next stream
+    /// delivers it.
+    pub wake_owed: bool,
 }
 
 impl Streams {
