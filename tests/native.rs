@@ -153,6 +153,11 @@ fn twenty_concurrent_requests_on_one_key_admit_exactly_ten_with_the_wasm_filters
         (0..10).collect::<Vec<u64>>(),
         "each admission took one token"
     );
+    // The filter's stats, as Envoy shows a dynamic module's.
+    assert_eq!(
+        native.stat("dynamicmodulescustom.ratelimit.per-api-key.allowed"),
+        10
+    );
 
     // The Wasm filter, on the same shim, answers the eleventh request of a fresh key
     // with the same headers and the same body.
@@ -237,6 +242,10 @@ const SLACK: Duration = Duration::from_secs(2);
 fn with_the_shim_unreachable_each_failure_mode_answers_within_the_timeout() {
     let envoy = FilterHost::Native.start_envoy(refusing_port(), &failure_mode_config("500ms"));
     assert_failure_modes(&envoy, "refused", Duration::from_millis(500) + SLACK);
+    let stat = |name: &str| envoy.stat(&format!("dynamicmodulescustom.ratelimit.{name}"));
+    assert!(stat("open.failed_open") >= 1);
+    assert!(stat("closed.failed_closed") >= 1);
+    assert!(stat("closed.shim_errors") >= 1);
 }
 
 #[test]

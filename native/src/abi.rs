@@ -53,6 +53,8 @@ pub struct ModuleHeader {
 
 /// `envoy_dynamic_module_type_http_filter_envoy_ptr`: Envoy's side of one stream's filter.
 pub type FilterEnvoyPtr = *mut c_void;
+/// `envoy_dynamic_module_type_http_filter_config_envoy_ptr`: Envoy's side of a configuration.
+pub type FilterConfigEnvoyPtr = *mut c_void;
 /// `envoy_dynamic_module_type_http_filter_scheduler_module_ptr`.
 pub type SchedulerPtr = *mut c_void;
 
@@ -76,6 +78,9 @@ pub const CALLOUT_INIT_CLUSTER_NOT_FOUND: u32 = 2;
 // envoy_dynamic_module_type_http_callout_result
 pub const CALLOUT_SUCCESS: u32 = 0;
 
+// envoy_dynamic_module_type_metrics_result
+pub const METRICS_SUCCESS: u32 = 0;
+
 // envoy_dynamic_module_type_attribute_id
 pub const ATTRIBUTE_SOURCE_ADDRESS: u32 = 24;
 
@@ -90,6 +95,36 @@ pub const LOCAL_REPLY_CONTINUE: u32 = 0;
 
 extern "C" {
     pub fn envoy_dynamic_module_callback_log(level: u32, message: ModuleBuffer);
+
+    /// Stats are defined on the configuration, while Envoy loads it.
+    pub fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+        config: FilterConfigEnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        counter_id: *mut usize,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_define_histogram(
+        config: FilterConfigEnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        histogram_id: *mut usize,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_increment_counter(
+        filter: FilterEnvoyPtr,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_record_histogram_value(
+        filter: FilterEnvoyPtr,
+        id: usize,
+        label_values: *mut ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
 
     pub fn envoy_dynamic_module_callback_http_get_headers_size(
         filter: FilterEnvoyPtr,
@@ -159,6 +194,10 @@ extern "C" {
 /// The callbacks declared above, by name (`tests/native.rs` checks the binary has each).
 pub const BOUND_CALLBACKS: &[&str] = &[
     "envoy_dynamic_module_callback_log",
+    "envoy_dynamic_module_callback_http_filter_config_define_counter",
+    "envoy_dynamic_module_callback_http_filter_config_define_histogram",
+    "envoy_dynamic_module_callback_http_filter_increment_counter",
+    "envoy_dynamic_module_callback_http_filter_record_histogram_value",
     "envoy_dynamic_module_callback_http_get_headers_size",
     "envoy_dynamic_module_callback_http_get_headers",
     "envoy_dynamic_module_callback_http_set_header",

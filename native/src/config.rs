@@ -7,9 +7,10 @@
 //! worker thread compiles its own, as each Wasm VM does in `on_configure`.
 
 use crate::abi;
-use crate::envoy;
+use crate::envoy::{self, EnvoyConfig};
 use crate::native_host::{NativeHost, Worker};
 use crate::slots::ProcessSlots;
+use crate::stats::Defined;
 use ratelimit_wasm::config::FilterConfig;
 use ratelimit_wasm::local::create_slots;
 use std::cell::RefCell;
@@ -23,14 +24,17 @@ pub struct ModuleConfig {
     id: u64,
     /// The plugin configuration's JSON, known to compile.
     json: Vec<u8>,
+    /// Its stats, defined on Envoy's configuration object.
+    stats: Arc<Defined>,
     /// Envoy dropped it (reconfigured or removed): no new stream meets it.
     closed: AtomicBool,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Compiles the plugin configuration; the error names what is wrong.
-pub fn load(bytes: &[u8]) -> Result<ModuleConfig, String> {
+/// Compiles the plugin configuration and defines its stats on `config_envoy`; the error
+/// names what is wrong.
+pub fn load(config_envoy: EnvoyConfig, bytes: &[u8]) -> Result<ModuleConfig, String> {
     let config =
         FilterConfig::from_json(bytes).map_err(|error| format!("invalid plugin configuration: {error}"))?;
     create_slots(&ProcessSlots, config.local_slots)
@@ -49,6 +53,7 @@ pub fn load(bytes: &[u8]) -> Result<ModuleConfig, String> {
     Ok(ModuleConfig {
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         json: bytes.to_vec(),
+        stats: Arc::new(Defined::define(config_envoy, &config)),
         closed: AtomicBool::new(false),
     })
 }
@@ -85,7 +90,11 @@ pub fn worker_for(config: &Arc<ModuleConfig>) -> Option<Rc<Worker>> {
         }
         let compiled = FilterConfig::from_json(&config.json).ok()?;
         let id = (NEXT_WORKER.fetch_add(1, Ordering::Relaxed) << 1) | 1;
-        let worker = Rc::new(Worker::new(NativeHost::default(), id, compiled));
+        let worker = Rc::new(Worker::new(
+            NativeHost::new(Arc::clone(&config.stats)),
+            id,
+            compiled,
+        ));
         workers.insert(config.id, (Arc::clone(config), Rc::clone(&worker)));
         Some(worker)
     })

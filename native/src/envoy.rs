@@ -2,7 +2,10 @@
 //! the log. Every `unsafe` call into Envoy is here; each copies what Envoy lends before
 //! the hook returns (Envoy's buffers are valid only until then).
 
-use crate::abi::{self, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr, ModuleBuffer, ModuleHeader, SchedulerPtr};
+use crate::abi::{
+    self, EnvoyBuffer, EnvoyHeader, FilterConfigEnvoyPtr, FilterEnvoyPtr, ModuleBuffer, ModuleHeader,
+    SchedulerPtr,
+};
 use std::ptr;
 
 /// Logs under Envoy's `dynamic_modules` component; best effort.
@@ -11,6 +14,10 @@ pub fn log(level: u32, message: &str) {
     // SAFETY: the buffer points to `line`, alive for the call.
     unsafe { abi::envoy_dynamic_module_callback_log(level, ModuleBuffer::of(line.as_bytes())) }
 }
+
+/// Envoy's side of a plugin configuration, valid in its `config_new` hook.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct EnvoyConfig(pub FilterConfigEnvoyPtr);
 
 /// Envoy's side of one stream's filter, valid until that filter's destroy hook.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

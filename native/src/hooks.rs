@@ -10,7 +10,7 @@
 
 use crate::abi::{self, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr};
 use crate::config::{self, ModuleConfig};
-use crate::envoy::{self, Stream};
+use crate::envoy::{self, EnvoyConfig, Stream};
 use crate::filter::Filter;
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -44,14 +44,14 @@ pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
 /// invalid, with the reason logged.
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
-    _config_envoy: *mut c_void,
+    config_envoy: *mut c_void,
     _name: EnvoyBuffer,
     config: EnvoyBuffer,
 ) -> *const c_void {
     guarded(std::ptr::null(), || {
         // SAFETY: Envoy lends the configuration's bytes for this hook.
         let bytes = unsafe { abi::bytes(config.ptr, config.length) };
-        match config::load(bytes) {
+        match config::load(EnvoyConfig(config_envoy), bytes) {
             Ok(loaded) => Arc::into_raw(Arc::new(loaded)).cast(),
             Err(reason) => {
                 envoy::log(abi::LOG_ERROR, &reason);

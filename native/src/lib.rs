@@ -11,10 +11,11 @@
 //! 3. [`config`]: a loaded plugin configuration and each worker thread's worker for it;
 //! 4. [`native_host`]: the ABI as the worker's `Host`;
 //! 5. [`request_view`]: a stream's request, for the planner;
-//! 6. [`streams`]: what a worker thread's host knows of its streams, free of Envoy;
-//! 7. [`slots`]: the process-wide slot table (the local layer's shared data);
-//! 8. [`envoy`]: safe wrappers over the callbacks;
-//! 9. [`abi`]: the ABI's types and callbacks, written here from Envoy's header.
+//! 6. [`stats`]: the filter's stats, defined on the configuration;
+//! 7. [`streams`]: what a worker thread's host knows of its streams, free of Envoy;
+//! 8. [`slots`]: the process-wide slot table (the local layer's shared data);
+//! 9. [`envoy`]: safe wrappers over the callbacks;
+//! 10. [`abi`]: the ABI's types and callbacks, written here from Envoy's header.
 
 // A panic in a hook is caught (see `hooks`), but none belongs outside tests.
 #![cfg_attr(
@@ -35,4 +36,5 @@ pub mod hooks;
 pub mod native_host;
 pub mod request_view;
 pub mod slots;
+pub mod stats;
 pub mod streams;

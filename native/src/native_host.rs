@@ -10,20 +10,23 @@ use crate::abi;
 use crate::envoy::{self, Stream};
 use crate::request_view::plan_stream;
 use crate::slots::ProcessSlots;
+use crate::stats::Defined;
 use crate::streams::{Action, Streams};
 use ratelimit_wasm::config::FilterConfig;
 use ratelimit_wasm::dispatch::host::{CallRefused, Host, LogLevel, MetricKind};
 use ratelimit_wasm::plan::PlannedCheck;
 use ratelimit_wasm::response::LocalReply;
 use std::cell::RefCell;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// One plugin configuration on one worker thread.
 pub type Worker = ratelimit_wasm::dispatch::worker::Worker<NativeHost>;
 
-#[derive(Default)]
 pub struct NativeHost {
     pub streams: RefCell<Streams>,
+    /// The configuration's stats (defined when Envoy loaded it).
+    stats: Arc<Defined>,
 }
 
 fn since_epoch() -> Duration {
@@ -31,6 +34,19 @@ fn since_epoch() -> Duration {
 }
 
 impl NativeHost {
+    pub fn new(stats: Arc<Defined>) -> NativeHost {
+        NativeHost {
+            streams: RefCell::default(),
+            stats,
+        }
+    }
+
+    /// A stream to add to a stat through: the one acted on, else any live one.
+    fn stat_stream(&self) -> Option<Stream> {
+        let streams = self.streams.borrow();
+        let id = streams.any_live(streams.target())?;
+        streams.stream(id)
+    }
     /// Carries out the resumes and replies the worker asked for, one at a time and
     /// with nothing borrowed: Envoy may call the module's hooks again meanwhile.
     pub fn run_actions(&self) {
@@ -82,14 +98,23 @@ impl Host for NativeHost {
         envoy::log(level, message);
     }
 
-    /// Not yet: this host keeps no stats (docs/NATIVE.md).
-    fn define_metric(&self, _kind: MetricKind, _name: &str) -> Option<u32> {
-        None
+    /// Only looks the stat up: every stat was defined when Envoy loaded the
+    /// configuration (`crate::stats`).
+    fn define_metric(&self, kind: MetricKind, name: &str) -> Option<u32> {
+        self.stats.find(kind, name)
     }
 
-    fn add_to_metric(&self, _id: u32, _amount: u64) {}
+    fn add_to_metric(&self, id: u32, amount: u64) {
+        if let Some(stream) = self.stat_stream() {
+            self.stats.add(stream, id, amount);
+        }
+    }
 
-    fn record_in_metric(&self, _id: u32, _value: u64) {}
+    fn record_in_metric(&self, id: u32, value: u64) {
+        if let Some(stream) = self.stat_stream() {
+            self.stats.add(stream, id, value);
+        }
+    }
 
     fn send_call(
         &self,
