@@ -37,16 +37,7 @@ impl Filter {
             next.set(next.get() + 1);
             next.get()
         });
-        let owed = {
-            let mut streams = worker.host.streams.borrow_mut();
-            streams.register(id, stream);
-            streams.wake_owed
-        };
-        if owed && worker.host.wake().is_err() {
-            worker
-                .host
-                .log(LogLevel::Warn, "cannot wake the worker's dispatcher");
-        }
+        worker.host.streams.borrow_mut().register(id, stream);
         Filter {
             worker,
             id,
@@ -68,6 +59,13 @@ impl Filter {
 
     pub fn on_request_headers(&self) -> u32 {
         self.in_hook(true, |worker| {
+            // A wake-up the worker counts on, which found no stream to go through.
+            let owed = worker.host.streams.borrow().wake_owed;
+            if owed && worker.host.wake().is_err() {
+                worker
+                    .host
+                    .log(LogLevel::Warn, "cannot wake the worker's dispatcher");
+            }
             let planned = plan_stream(&worker.config, self.stream);
             if planned.is_empty() {
                 return abi::HEADERS_CONTINUE;

@@ -14,6 +14,7 @@ use crate::envoy::{self, EnvoyConfig, Stream};
 use crate::filter::Filter;
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::rc::Rc;
 use std::sync::Arc;
 
 fn guarded<R>(neutral: R, f: impl FnOnce() -> R) -> R {
@@ -26,13 +27,17 @@ fn guarded<R>(neutral: R, f: impl FnOnce() -> R) -> R {
     }
 }
 
-/// The filter behind a module pointer this module returned from `filter_new`.
+/// The filter behind a module pointer this module returned from `filter_new`, held for
+/// the hook: Envoy may destroy the filter from inside one of its own hooks (a local
+/// reply that ends the stream at once), and the filter must outlive that hook.
 ///
 /// # Safety
 /// `filter` must come from [`envoy_dynamic_module_on_http_filter_new`] and not be
 /// destroyed yet.
-unsafe fn filter<'a>(filter: *const c_void) -> &'a Filter {
-    &*filter.cast::<Filter>()
+unsafe fn filter(filter: *const c_void) -> Rc<Filter> {
+    let filter = filter.cast::<Filter>();
+    Rc::increment_strong_count(filter);
+    Rc::from_raw(filter)
 }
 
 #[no_mangle]
@@ -83,7 +88,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
             Arc::from_raw(config.cast::<ModuleConfig>())
         };
         match config::worker_for(&config) {
-            Some(worker) => Box::into_raw(Box::new(Filter::new(worker, Stream(envoy)))).cast(),
+            Some(worker) => Rc::into_raw(Rc::new(Filter::new(worker, Stream(envoy)))).cast(),
             None => std::ptr::null(),
         }
     })
@@ -176,8 +181,9 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: *const c_void) {
     guarded((), || {
-        // SAFETY: a filter of ours, given back once: dropped here.
-        let filter = unsafe { Box::from_raw(module.cast::<Filter>().cast_mut()) };
+        // SAFETY: a filter of ours, given back once: Envoy's reference, dropped here
+        // (a hook of it still running holds its own).
+        let filter = unsafe { Rc::from_raw(module.cast::<Filter>()) };
         filter.on_destroy();
     })
 }

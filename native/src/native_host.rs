@@ -148,7 +148,7 @@ impl Host for NativeHost {
         let own = streams.own();
         let Some(id) = streams.any_live(own) else {
             // The worker goes on counting on this wake-up (it sends nothing meanwhile):
-            // the next stream delivers it (`Filter::new`).
+            // the next stream delivers it (`Filter::on_request_headers`).
             streams.wake_owed = true;
             return Ok(());
         };
