@@ -178,3 +178,72 @@ impl Streams {
         Some((self.stream(id), id, action))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream pointer for bookkeeping only (never dereferenced here).
+    fn stream(n: usize) -> Stream {
+        Stream(n as *mut std::ffi::c_void)
+    }
+
+    #[test]
+    fn the_stream_paused_last_carries_a_call_else_the_hooks_own() {
+        let mut streams = Streams::default();
+        for id in 1..=3 {
+            streams.register(id, stream(id as usize));
+        }
+        streams.enter_hook(Some(2));
+        assert_eq!(
+            streams.carrier().map(|(id, _)| id),
+            Some(2),
+            "none paused: the hook's own"
+        );
+        streams.paused(1);
+        streams.paused(3);
+        assert_eq!(streams.carrier().map(|(id, _)| id), Some(3));
+        streams.unpaused(3);
+        assert_eq!(streams.carrier().map(|(id, _)| id), Some(1));
+    }
+
+    #[test]
+    fn a_gone_stream_gives_up_the_calls_it_carried_and_its_wake_up() {
+        let mut streams = Streams::default();
+        streams.register(1, stream(1));
+        streams.register(2, stream(2));
+        let carried = streams.call_sent(1, 40);
+        let other = streams.call_sent(2, 40);
+        streams.wake_via = Some(1);
+        let (entry, tokens, was_waking) = streams.unregister(1);
+        assert!(entry.is_some() && was_waking);
+        assert_eq!(tokens, vec![carried]);
+        assert_eq!(streams.wake_via, None);
+        assert_eq!(streams.call_answered(1, 40), None, "its calls are gone");
+        assert_eq!(
+            streams.call_answered(2, 40),
+            Some(other),
+            "callout ids are per stream"
+        );
+    }
+
+    #[test]
+    fn actions_wait_in_order_and_name_a_gone_stream_as_gone() {
+        let mut streams = Streams::default();
+        streams.register(1, stream(1));
+        streams.register(2, stream(2));
+        streams.enter_hook(Some(1));
+        streams.set_current(Some(2));
+        assert_eq!(streams.target(), Some(2), "the entered request");
+        streams.push_action(2, Action::Resume);
+        streams.set_current(None);
+        assert_eq!(streams.target(), Some(1), "back to the hook's own");
+        streams.push_action(1, Action::Resume);
+        streams.unregister(2);
+        let (first, id, _) = streams.next_action().unwrap();
+        assert_eq!((first, id), (None, 2));
+        let (second, id, _) = streams.next_action().unwrap();
+        assert_eq!((second, id), (Some(stream(1)), 1));
+        assert!(streams.next_action().is_none());
+    }
+}
