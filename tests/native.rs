@@ -49,7 +49,21 @@ fn every_callback_the_module_binds_is_exported_by_the_pinned_envoy_and_bound_at_
         .into_iter()
         .filter(|symbol| symbol.starts_with("envoy_"))
         .collect();
-    assert!(bound.len() >= 10, "too few Envoy callbacks bound: {bound:?}");
+    // Every callback native/src/abi.rs declares is one the module needs from Envoy.
+    let declared: BTreeSet<String> = fs::read_to_string(repo_root().join("native/src/abi.rs"))
+        .unwrap()
+        .split("pub fn ")
+        .skip(1)
+        .filter_map(|rest| rest.split('(').next())
+        .filter(|name| name.starts_with("envoy_dynamic_module_callback_"))
+        .map(str::to_string)
+        .collect();
+    assert!(declared.len() >= 10, "too few callbacks declared: {declared:?}");
+    assert_eq!(
+        declared,
+        bound.iter().cloned().collect(),
+        "declared and bound differ"
+    );
     let missing: Vec<&String> = bound
         .iter()
         .filter(|symbol| !exported.contains(*symbol))

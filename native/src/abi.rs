@@ -1,7 +1,7 @@
 //! The part of Envoy's dynamic-module ABI this filter uses, written here from its C
-//! header, `source/extensions/dynamic_modules/abi/abi.h` of envoyproxy/envoy (the
-//! version of Envoy 1.40.0's, whose binary says "ABI version v0.2.0 matched" for
-//! [`ABI_VERSION`]). Only the types and the callbacks (functions Envoy implements) the
+//! header, `source/extensions/dynamic_modules/abi/abi.h` of envoyproxy/envoy (read at
+//! revision fe169c6; the pinned Envoy 1.40.0's binary says "ABI version v0.2.0 matched"
+//! for [`ABI_VERSION`], docs/NATIVE.md). Only the types and the callbacks (functions Envoy implements) the
 //! filter calls are declared; the event hooks (functions the module implements) are in
 //! `crate::hooks`. `tests/native.rs` checks that the pinned Envoy binary exports every
 //! callback declared here, and the module is linked with `-z now` (`build.rs`), so an
@@ -190,28 +190,6 @@ extern "C" {
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_commit(scheduler: SchedulerPtr, event_id: u64);
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: SchedulerPtr);
 }
-
-/// The callbacks declared above, by name (`tests/native.rs` checks the binary has each).
-pub const BOUND_CALLBACKS: &[&str] = &[
-    "envoy_dynamic_module_callback_log",
-    "envoy_dynamic_module_callback_http_filter_config_define_counter",
-    "envoy_dynamic_module_callback_http_filter_config_define_histogram",
-    "envoy_dynamic_module_callback_http_filter_increment_counter",
-    "envoy_dynamic_module_callback_http_filter_record_histogram_value",
-    "envoy_dynamic_module_callback_http_get_headers_size",
-    "envoy_dynamic_module_callback_http_get_headers",
-    "envoy_dynamic_module_callback_http_set_header",
-    "envoy_dynamic_module_callback_http_add_header",
-    "envoy_dynamic_module_callback_http_send_response",
-    "envoy_dynamic_module_callback_http_filter_continue_decoding",
-    "envoy_dynamic_module_callback_http_get_body_chunks_size",
-    "envoy_dynamic_module_callback_http_get_body_chunks",
-    "envoy_dynamic_module_callback_http_filter_get_attribute_string",
-    "envoy_dynamic_module_callback_http_filter_http_callout",
-    "envoy_dynamic_module_callback_http_filter_scheduler_new",
-    "envoy_dynamic_module_callback_http_filter_scheduler_commit",
-    "envoy_dynamic_module_callback_http_filter_scheduler_delete",
-];
 
 impl ModuleBuffer {
     pub fn of(bytes: &[u8]) -> ModuleBuffer {
