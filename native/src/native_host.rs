@@ -1,10 +1,11 @@
 //! Envoy's dynamic-module ABI as the worker's [`Host`]: one per plugin configuration
 //! and worker thread. A shim call is a callout carried by one of the worker's streams
-//! (the one paused last: a per-stream callout ends with its stream); a wake-up is that
-//! stream's scheduler (or, with no stream left, the next stream's); entering a request makes it the target of the worker's resumes
-//! and replies, which wait in [`Streams`] until the worker has returned and are then
-//! carried out ([`NativeHost::run_actions`]), so that Envoy may call back into the module
-//! (a reply ends a stream at once) with nothing borrowed.
+//! (the one paused last: a per-stream callout ends with its stream); a wake-up is a
+//! stream's scheduler (or, with no stream left, the next stream's); entering a request
+//! makes it the target of the worker's resumes and replies, which wait in [`Streams`]
+//! until the worker has returned and are then carried out
+//! ([`NativeHost::run_actions`]), so that Envoy may call back into the module (a reply
+//! ends a stream at once) with nothing borrowed.
 
 use crate::abi;
 use crate::envoy::{self, Stream};
@@ -47,6 +48,7 @@ impl NativeHost {
         let id = streams.any_live(streams.target())?;
         streams.stream(id)
     }
+
     /// Carries out the resumes and replies the worker asked for, one at a time and
     /// with nothing borrowed: Envoy may call the module's hooks again meanwhile.
     pub fn run_actions(&self) {
