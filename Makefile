@@ -2,7 +2,7 @@
 WASM := target/wasm32-wasip1/release/ratelimit_wasm.wasm
 SHIM := target/shim/redis-shim
 
-.PHONY: setup setup-demo build wasm shim test test-wasm unit lint fmt fuzz up down demo clean
+.PHONY: setup setup-demo build wasm shim native test test-wasm unit lint fmt fuzz up down demo clean
 
 # Every tool in scripts/tools.txt; setup-demo leaves out what only the tests need, so that
 # the first `make demo` does not wait for test tools to compile.
@@ -29,13 +29,19 @@ wasm:
 shim:
 	@cargo build --quiet --profile shim -p redis-shim
 
+# The filter as an Envoy dynamic module (docs/NATIVE.md): target/shim/libratelimit_native.so,
+# built with the machine's toolchain and the shim's profile, so it reuses the shim's crates.
+native:
+	@cargo build --quiet --profile shim -p ratelimit-native
+
 # Unit tests compiled to wasm32 under Node, then native unit tests and the end-to-end
-# tests (real Redis, the real shim, real Envoy loading the built .wasm). The tests build
+# tests (real Redis, the real shim, real Envoy loading the built .wasm, and the built .so:
+# tests/native.rs). The tests build
 # with the shim's profile, so the shim's crates `make build` compiled serve them too. The
 # previous release's build (for the version-skew test, the last to run) and then the fuzz
 # targets' build start beside them and yield to them; the test waits for its build, and
 # a build that failed in the background fails again in the foreground, with its message.
-test: setup build
+test: setup build native
 	@nice -n 19 sh -c 'scripts/build-previous.sh; scripts/fuzz.sh build' >/dev/null 2>&1 & early=$$!; \
 	scripts/test-wasm.sh && cargo test --profile shim --workspace --lib --tests; tested=$$?; \
 	wait $$early; exit $$tested

@@ -1,6 +1,8 @@
 //! Real Envoy loading the built `.wasm`: bootstraps, start-up on ports Envoy picks itself
 //! (read back from its admin), stats, `--mode validate`, and a listener served by a
-//! file-based LDS that a test swaps while traffic flows ([`LdsEnvoy`]).
+//! file-based LDS that a test swaps while traffic flows ([`LdsEnvoy`]). The same filter
+//! as a dynamic module (`make native`'s `.so`) is the other [`FilterHost`]: every Envoy
+//! started here finds it through `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`.
 
 use super::http::get;
 use super::ports::{claim_port, ClaimedPort};
@@ -16,6 +18,80 @@ const STARTUP: Duration = Duration::from_secs(60);
 
 pub fn wasm_path() -> PathBuf {
     built("target/wasm32-wasip1/release/ratelimit_wasm.wasm")
+}
+
+/// The directory `make native` builds the dynamic module into, and its file name there
+/// (Envoy looks for `lib<name>.so` on `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`).
+pub const NATIVE_DIR: &str = "target/shim";
+pub const NATIVE_MODULE: &str = "ratelimit_native";
+
+pub fn native_module_path() -> PathBuf {
+    built(&format!("{NATIVE_DIR}/lib{NATIVE_MODULE}.so"))
+}
+
+/// Which build of the filter an Envoy loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilterHost {
+    /// The `.wasm`, through `envoy.filters.http.wasm`.
+    Wasm,
+    /// The shared library, through `envoy.filters.http.dynamic_modules`.
+    Native,
+}
+
+impl FilterHost {
+    /// Our filter as this host loads it, configured with `plugin_config`.
+    pub fn filter(self, plugin_config: &Value) -> Value {
+        match self {
+            FilterHost::Wasm => wasm_filter(plugin_config),
+            FilterHost::Native => native_filter(plugin_config),
+        }
+    }
+
+    /// As [`envoy_config`], with the filter on this host.
+    pub fn envoy_config(self, shim_port: u16, plugin_config: &Value) -> Value {
+        let mut config = envoy_config(shim_port, plugin_config);
+        let manager =
+            &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+        manager["http_filters"][0] = self.filter(plugin_config);
+        config
+    }
+
+    /// As [`Envoy::start`], with the filter on this host.
+    pub fn start_envoy(self, shim_port: u16, plugin_config: &Value) -> Envoy {
+        Envoy::start_bootstrap(&self.envoy_config(shim_port, plugin_config))
+    }
+
+    /// As [`envoy_validate_plugin`], with the filter on this host.
+    pub fn validate_plugin(self, plugin_config: &Value) -> (bool, String) {
+        let path = scratch("validate").join("envoy.json");
+        fs::write(
+            &path,
+            serde_json::to_vec(&self.envoy_config(1, plugin_config)).unwrap(),
+        )
+        .unwrap();
+        envoy_validate(&path)
+    }
+}
+
+/// Our filter as an Envoy dynamic module, with `plugin_config` as its configuration (a
+/// JSON string is passed as the raw text, as [`wasm_filter`] does).
+pub fn native_filter(plugin_config: &Value) -> Value {
+    let text = match plugin_config {
+        Value::String(raw) => raw.clone(),
+        config => config.to_string(),
+    };
+    json!({
+        "name": "envoy.filters.http.dynamic_modules",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+            "dynamic_module_config": { "name": NATIVE_MODULE },
+            "filter_name": "ratelimit",
+            "filter_config": {
+                "@type": "type.googleapis.com/google.protobuf.StringValue",
+                "value": text
+            }
+        }
+    })
 }
 
 pub fn envoy_path() -> PathBuf {
@@ -75,8 +151,9 @@ impl Envoy {
                 .arg(&admin_address_path)
                 .args(["--concurrency", &workers.to_string()])
                 .args(["--use-dynamic-base-id", "--log-level", "warn"])
-                .args(["--component-log-level", "wasm:info"])
-                .args(extra_args),
+                .args(["--component-log-level", "wasm:info,dynamic_modules:info"])
+                .args(extra_args)
+                .env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", repo_root().join(NATIVE_DIR)),
             dir.join("envoy.log"),
         );
         let mut admin_port = None;
@@ -270,6 +347,7 @@ pub fn envoy_validate(config_path: &Path) -> (bool, String) {
         .arg("-c")
         .arg(config_path)
         .args(["--log-level", "info", "--use-dynamic-base-id"])
+        .env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", repo_root().join(NATIVE_DIR))
         .current_dir(repo_root())
         .output()
         .unwrap();
