@@ -1,7 +1,9 @@
 //! Spill-over in real Envoy: a request over a spilling rule's limit gets the rule's
 //! header and goes on, routed again by Envoy (its route cache cleared) to the route that
 //! matches the header; the fallback's own rule limits it there, with no second spill; and
-//! a spill header that no route matches gets the router's 404, never a loop.
+//! a spill header that no route matches gets the router's 404, never a loop. Each runs on
+//! both hosts: the Wasm filter, and the dynamic module (which clears the route cache
+//! itself).
 
 mod support;
 
@@ -21,7 +23,7 @@ fn pool_route(pool: Option<&str>, body: &str) -> Value {
 
 /// An Envoy whose routes send `x-pool: fallback` to the fallback and requests without an
 /// `x-pool` to the primary; any other `x-pool` matches no route.
-fn start(deny_cache: bool) -> (Redis, Shim, Envoy) {
+fn start(host: FilterHost, deny_cache: bool) -> (Redis, Shim, Envoy) {
     let plugin = json!({
         "shim_cluster": "ratelimit_shim",
         "timeout": "5s",
@@ -40,7 +42,7 @@ fn start(deny_cache: bool) -> (Redis, Shim, Envoy) {
     });
     let redis = Redis::start();
     let shim = Shim::start(&redis.url(), &[]);
-    let mut bootstrap = envoy_config(shim.port, &plugin);
+    let mut bootstrap = host.envoy_config(shim.port, &plugin);
     let manager =
         &mut bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
     let mut primary = pool_route(None, "primary");
@@ -51,8 +53,8 @@ fn start(deny_cache: bool) -> (Redis, Shim, Envoy) {
     (redis, shim, envoy)
 }
 
-fn spill_to_the_fallback_then_refuse(deny_cache: bool) {
-    let (_redis, _shim, envoy) = start(deny_cache);
+fn spill_to_the_fallback_then_refuse(host: FilterHost, deny_cache: bool) {
+    let (_redis, _shim, envoy) = start(host, deny_cache);
     let url = envoy.url("/v1/chat/completions");
     let send = || get(&url, &[("x-api-key", "tenant-a")]);
     for _ in 0..2 {
@@ -81,7 +83,7 @@ fn spill_to_the_fallback_then_refuse(deny_cache: bool) {
     // Another client is untouched by tenant-a's spending.
     let other = get(&url, &[("x-api-key", "tenant-b")]);
     assert_eq!((other.status, other.body.as_str()), (200, "primary"));
-    let stat = |rule: &str, stat: &str| envoy.stat(&format!("wasmcustom.ratelimit.{rule}.{stat}"));
+    let stat = |rule: &str, stat: &str| envoy.stat(&host.stat(&format!("{rule}.{stat}")));
     assert_eq!(
         stat("primary", "spilled"),
         3,
@@ -95,17 +97,36 @@ fn spill_to_the_fallback_then_refuse(deny_cache: bool) {
 
 #[test]
 fn a_spilled_request_is_rerouted_after_the_shims_answer() {
-    spill_to_the_fallback_then_refuse(false);
+    spill_to_the_fallback_then_refuse(FilterHost::Wasm, false);
 }
 
 #[test]
 fn a_spilled_request_is_rerouted_when_the_deny_cache_decides_at_once() {
-    spill_to_the_fallback_then_refuse(true);
+    spill_to_the_fallback_then_refuse(FilterHost::Wasm, true);
+}
+
+#[test]
+fn the_native_module_reroutes_a_spilled_request_after_the_shims_answer() {
+    spill_to_the_fallback_then_refuse(FilterHost::Native, false);
+}
+
+#[test]
+fn the_native_module_reroutes_a_spilled_request_when_the_deny_cache_decides_at_once() {
+    spill_to_the_fallback_then_refuse(FilterHost::Native, true);
 }
 
 #[test]
 fn a_spill_header_that_no_route_matches_gets_the_routers_404() {
-    let (_redis, _shim, envoy) = start(false);
+    lost_spill(FilterHost::Wasm);
+}
+
+#[test]
+fn the_native_modules_spill_that_no_route_matches_gets_the_routers_404() {
+    lost_spill(FilterHost::Native);
+}
+
+fn lost_spill(host: FilterHost) {
+    let (_redis, _shim, envoy) = start(host, false);
     let url = envoy.url("/lost/x");
     let send = || get(&url, &[("x-api-key", "tenant-a")]);
     assert_eq!(send().body, "primary");
@@ -114,5 +135,5 @@ fn a_spill_header_that_no_route_matches_gets_the_routers_404() {
         assert_eq!(lost.status, 404, "{lost:?}");
         assert_eq!(lost.header("x-ratelimit-spilled"), Some("lost"));
     }
-    assert_eq!(envoy.stat("wasmcustom.ratelimit.lost.spilled"), 3);
+    assert_eq!(envoy.stat(&host.stat("lost.spilled")), 3);
 }

@@ -158,6 +158,7 @@ extern "C" {
         details: ModuleBuffer,
     );
     pub fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: FilterEnvoyPtr);
+    pub fn envoy_dynamic_module_callback_http_clear_route_cache(filter: FilterEnvoyPtr);
 
     pub fn envoy_dynamic_module_callback_http_get_body_chunks_size(
         filter: FilterEnvoyPtr,

@@ -69,6 +69,12 @@ impl Stream {
         }
     }
 
+    /// Has Envoy choose the stream's route again, from its request headers as they are now.
+    pub fn clear_route_cache(self) {
+        // SAFETY: live filter; Envoy ignores the call outside the request's phase.
+        unsafe { abi::envoy_dynamic_module_callback_http_clear_route_cache(self.0) }
+    }
+
     pub fn add_header(self, header_type: u32, name: &str, value: &str) -> bool {
         // SAFETY: as `set_header`.
         unsafe {

@@ -200,6 +200,9 @@ impl Host for NativeHost {
     fn set_request_header(&self, name: &str, value: &str) -> Result<(), String> {
         let (_, stream) = self.target_stream().ok_or("no current request")?;
         if stream.set_header(abi::REQUEST_HEADERS, name, Some(value)) {
+            // As Envoy's Wasm host does when a filter changes a request header: the route
+            // is chosen again, so that a spill-over's header reaches its fallback.
+            stream.clear_route_cache();
             Ok(())
         } else {
             Err(format!("Envoy refused to set {name}"))

@@ -47,6 +47,14 @@ impl FilterHost {
         }
     }
 
+    /// The full name of the filter's stat `name` (`RULE.STAT`, or a worker's) on this host.
+    pub fn stat(self, name: &str) -> String {
+        match self {
+            FilterHost::Wasm => format!("wasmcustom.ratelimit.{name}"),
+            FilterHost::Native => format!("dynamicmodulescustom.ratelimit.{name}"),
+        }
+    }
+
     /// As [`envoy_config`], with the filter on this host.
     pub fn envoy_config(self, shim_port: u16, plugin_config: &Value) -> Value {
         let mut config = envoy_config(shim_port, plugin_config);
