@@ -65,7 +65,13 @@ lint:
 fmt:
 	cargo fmt --all
 
-up: build
+# HOST=native: the demo stack with the filter as an Envoy dynamic module (envoy-native.yaml,
+# docs/NATIVE.md) instead of the .wasm (envoy.yaml).
+HOST ?= wasm
+HOST_BUILD := $(if $(filter native,$(HOST)),native)
+export HOST
+
+up: build $(HOST_BUILD)
 	@scripts/stack.sh up
 
 down:
@@ -73,7 +79,7 @@ down:
 
 # `make demo REGIONS=3`: instead, that many regions on this machine (scripts/regions-demo.py:
 # a Redis and a shim each, 20 ms one way between them), no Envoy.
-demo: build
+demo: build $(HOST_BUILD)
 	@if [ -n "$(REGIONS)" ]; then \
 		$(MAKE) --no-print-directory shim && python3 scripts/regions-demo.py --regions "$(REGIONS)"; \
 	else \
@@ -85,7 +91,7 @@ demo: build
 # A release folder, dist/ratelimit-wasm-VERSION/ (scripts/dist.sh; REGISTRY names the
 # registry the WasmPlugin pulls from).
 .PHONY: dist
-dist: build
+dist: build native
 	@scripts/dist.sh
 
 clean: down

@@ -98,7 +98,7 @@ def replace_once(text, old, new, file):
 
 
 def main():
-    out, registry, wasm_path, shim_path = sys.argv[1:]
+    out, registry, wasm_path, shim_path, native_path = sys.argv[1:]
     release = version()
     notes = release_notes(open("CHANGELOG.md").read(), release)
     folder = os.path.join(out, f"ratelimit-wasm-{release}")
@@ -116,6 +116,10 @@ def main():
     with open(os.path.join(folder, "ratelimit_wasm.wasm.sha256"), "w") as file:
         file.write(f"{sha256(wasm)}  ratelimit_wasm.wasm\n")
     shutil.copy2(shim_path, os.path.join(folder, "redis-shim"))
+    native = open(native_path, "rb").read()
+    shutil.copyfile(native_path, os.path.join(folder, "libratelimit_native.so"))
+    with open(os.path.join(folder, "libratelimit_native.so.sha256"), "w") as file:
+        file.write(f"{sha256(native)}  libratelimit_native.so\n")
     digest = oci_layout(os.path.join(folder, "oci"), wasm, release)
 
     plugin = open("deploy/istio/wasmplugin.yaml").read()

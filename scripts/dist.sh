@@ -4,6 +4,10 @@
 # [workspace.package]:
 #
 #   ratelimit_wasm.wasm, ratelimit_wasm.wasm.sha256   the filter and its checksum
+#   libratelimit_native.so, libratelimit_native.so.sha256
+#                                                      the filter as an Envoy dynamic
+#                                                      module (linux x86_64, for the Envoy
+#                                                      docs/NATIVE.md names) and its checksum
 #   redis-shim                                         the shim (linux x86_64)
 #   oci/                                               the filter as an OCI image layout
 #                                                      (tag VERSION) that Istio's WasmPlugin
@@ -27,7 +31,8 @@ out=${1:-dist}
 registry=${REGISTRY:-registry.example.com}
 wasm=target/wasm32-wasip1/release/ratelimit_wasm.wasm
 shim=target/shim/redis-shim
-for built in "$wasm" "$shim"; do
+native=target/shim/libratelimit_native.so
+for built in "$wasm" "$shim" "$native"; do
     [ -f "$built" ] || { echo "dist: $built is missing: run 'make build' first" >&2; exit 1; }
 done
-exec python3 scripts/dist.py "$out" "$registry" "$wasm" "$shim"
+exec python3 scripts/dist.py "$out" "$registry" "$wasm" "$shim" "$native"

@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # `stack.sh up` starts Redis (127.0.0.1:8401), the shim (8400), the demo's language-model
 # upstream (8402, scripts/llm-upstream.py) and its fallback pool (8403, the same script),
-# and Envoy (10000, admin 9901, envoy.yaml) in
-# the background and waits until each is ready; `stack.sh down`
+# and Envoy (10000, admin 9901, envoy.yaml; with HOST=native, envoy-native.yaml and the
+# filter as a dynamic module from target/shim) in the background and waits until each is ready; `stack.sh down`
 # stops exactly the processes `up` started (their pids are kept in .run/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=.run
 REDIS_PORT=8401 SHIM_PORT=8400 LLM_PORT=8402 FALLBACK_PORT=8403 ENVOY_PORT=10000 ADMIN_PORT=9901
+case "${HOST:-wasm}" in
+    wasm) ENVOY_CONFIG=envoy.yaml FILTER_LOG=wasm ;;
+    native)
+        ENVOY_CONFIG=envoy-native.yaml FILTER_LOG=dynamic_modules
+        export ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$PWD/target/shim"
+        ;;
+    *) echo "stack: HOST=$HOST is not a host: wasm (the default) or native" >&2; exit 2 ;;
+esac
 
 wait_for() { # description, command...
     local what=$1; shift
@@ -44,8 +52,8 @@ up() {
 
     # Envoy stops when its parent process exits (it asks the kernel for SIGTERM on its
     # parent's death), so it runs under a shell that stays; stopping that shell stops it.
-    sh -c ".venv/bin/envoy -c envoy.yaml --concurrency 2 --use-dynamic-base-id --log-level warn \
-        --component-log-level wasm:info >$RUN/envoy.log 2>&1" </dev/null >/dev/null 2>&1 &
+    sh -c ".venv/bin/envoy -c $ENVOY_CONFIG --concurrency 2 --use-dynamic-base-id --log-level warn \
+        --component-log-level $FILTER_LOG:info >$RUN/envoy.log 2>&1" </dev/null >/dev/null 2>&1 &
     echo $! >"$RUN/envoy.pid"
     wait_for "Envoy" sh -c "curl -sf http://127.0.0.1:$ADMIN_PORT/ready | grep -q LIVE"
 
@@ -53,7 +61,7 @@ up() {
     echo "shim   http://127.0.0.1:$SHIM_PORT  (POST /v1/check and /v1/check-batch, GET /readyz, GET /metrics)"
     echo "LLM    http://127.0.0.1:$LLM_PORT  (POST /v1/chat: the demo's upstream that reports tokens)"
     echo "spill  http://127.0.0.1:$FALLBACK_PORT  (the fallback pool gpu-pool spills /generate over to)"
-    echo "Envoy  http://127.0.0.1:$ENVOY_PORT  (admin http://127.0.0.1:$ADMIN_PORT)"
+    echo "Envoy  http://127.0.0.1:$ENVOY_PORT  (admin http://127.0.0.1:$ADMIN_PORT; $ENVOY_CONFIG)"
     echo "logs   $RUN/"
 }
 

@@ -80,9 +80,10 @@ fn a_release_folder_holds_the_pinned_filter_image_the_shim_and_its_notes() {
     let root = repo_root();
     let wasm_path = root.join("target/wasm32-wasip1/release/ratelimit_wasm.wasm");
     let shim_path = root.join("target/shim/redis-shim");
+    let native_path = root.join("target/shim/libratelimit_native.so");
     assert!(
-        wasm_path.exists() && shim_path.exists(),
-        "run `make build` first: the release packs the built filter and shim"
+        wasm_path.exists() && shim_path.exists() && native_path.exists(),
+        "run `make build` and `make native` first: the release packs the built filters and shim"
     );
     let out = std::env::temp_dir().join(format!("ratelimit-dist-{}", std::process::id()));
     let _ = fs::remove_dir_all(&out);
@@ -106,6 +107,14 @@ fn a_release_folder_holds_the_pinned_filter_image_the_shim_and_its_notes() {
     assert_eq!(
         fs::read_to_string(folder.join("ratelimit_wasm.wasm.sha256")).unwrap(),
         format!("{}  ratelimit_wasm.wasm\n", hex_sha256(&wasm))
+    );
+
+    // The dynamic module, and its checksum.
+    let native = fs::read(folder.join("libratelimit_native.so")).unwrap();
+    assert_eq!(native, fs::read(&native_path).unwrap());
+    assert_eq!(
+        fs::read_to_string(folder.join("libratelimit_native.so.sha256")).unwrap(),
+        format!("{}  libratelimit_native.so\n", hex_sha256(&native))
     );
 
     // The shim, which says its version.

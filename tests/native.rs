@@ -382,3 +382,71 @@ fn a_responses_reported_cost_is_settled_from_its_header_trailer_or_json_body() {
         });
     }
 }
+
+/// The filter of a shipped configuration, and its plugin configuration parsed.
+fn shipped_filter(config: &mut Value) -> (&mut Value, Value) {
+    let filters = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"]["http_filters"]
+        .as_array_mut()
+        .unwrap();
+    let filter = filters
+        .iter_mut()
+        .find(|filter| {
+            filter["name"] == "envoy.filters.http.wasm"
+                || filter["name"] == "envoy.filters.http.dynamic_modules"
+        })
+        .expect("a rate-limit filter");
+    let text = match filter["name"].as_str() {
+        Some("envoy.filters.http.wasm") => &filter["typed_config"]["config"]["configuration"]["value"],
+        _ => &filter["typed_config"]["filter_config"]["value"],
+    };
+    let plugin = serde_json::from_str(text.as_str().unwrap()).unwrap();
+    (filter, plugin)
+}
+
+#[test]
+fn envoy_native_yaml_is_envoy_yaml_with_the_module_in_the_filters_place() {
+    let mut wasm = yaml_file(&repo_root().join("envoy.yaml"));
+    let mut native = yaml_file(&repo_root().join("envoy-native.yaml"));
+    let (wasm_filter, wasm_plugin) = shipped_filter(&mut wasm);
+    let wasm_filter = wasm_filter.clone();
+    let (native_filter, native_plugin) = shipped_filter(&mut native);
+    assert_eq!(native_plugin, wasm_plugin, "the same plugin configuration");
+    assert_eq!(
+        native_filter["typed_config"]["dynamic_module_config"]["name"],
+        NATIVE_MODULE
+    );
+    *native_filter = wasm_filter;
+    assert_eq!(native, wasm, "everything but the filter is envoy.yaml's");
+    let (ok, output) = envoy_validate(&repo_root().join("envoy-native.yaml"));
+    assert!(ok, "{output}");
+    assert!(output.contains("ABI version v0.2.0 matched"), "{output}");
+}
+
+#[test]
+fn the_shipped_envoy_native_yaml_admits_exactly_ten_of_twenty_then_fails_open_without_the_shim() {
+    let redis = Redis::start();
+    let mut shim = Shim::start_restartable(&redis.url(), &[]);
+    let upstream = refusing_port();
+    let envoy = Envoy::start_bootstrap(&shipped_envoy_config("envoy-native.yaml", shim.port, upstream));
+    let url = envoy.url("/");
+    let replies = concurrently(20, move |_| get(&url, &[("x-api-key", "shipped-native")]));
+    assert_eq!(count_status(&replies, 200), 10, "{replies:?}");
+    let refused: Vec<&Reply> = replies.iter().filter(|reply| reply.status == 429).collect();
+    assert_eq!(refused.len(), 10, "{replies:?}");
+    for reply in refused {
+        let problem: Value = serde_json::from_str(&reply.body).unwrap();
+        assert_eq!(problem["rule"], "per-api-key", "{reply:?}");
+        assert_eq!(reply.header("ratelimit-policy"), Some("10;w=60"), "{reply:?}");
+    }
+    // The demo's rules fail open within their 250 ms timeout.
+    shim.kill();
+    let started = Instant::now();
+    let reply = get(&envoy.url("/"), &[("x-api-key", "while-the-shim-is-gone")]);
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}

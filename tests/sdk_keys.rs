@@ -22,35 +22,6 @@ use support::*;
 /// What each request reports using; the rule allows 1,000 a minute, admitting on 100.
 const TOKENS: u64 = 400;
 
-/// The shipped envoy.yaml, moved to loopback ports: the listener and admin on ports Envoy
-/// picks, its clusters at the shim and the upstream started here, the built filter.
-fn demo_envoy_config(shim_port: u16, llm_port: u16) -> Value {
-    let mut config = yaml_file(&repo_root().join("envoy.yaml"));
-    config["static_resources"]["listeners"][0]["address"] = loopback(0);
-    config["admin"]["address"] = loopback(0);
-    for cluster in config["static_resources"]["clusters"].as_array_mut().unwrap() {
-        let port = match cluster["name"].as_str() {
-            // The spill-over pool answers like the model: these keys never spill.
-            Some("llm") | Some("fallback") => llm_port,
-            Some("ratelimit_shim") => shim_port,
-            other => panic!("unexpected cluster {other:?} in envoy.yaml"),
-        };
-        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
-            ["socket_address"] = json!({ "address": "127.0.0.1", "port_value": port });
-    }
-    let filters = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-        ["typed_config"]["http_filters"];
-    let wasm = filters
-        .as_array_mut()
-        .unwrap()
-        .iter_mut()
-        .find(|filter| filter["name"] == "envoy.filters.http.wasm")
-        .expect("envoy.yaml has the filter");
-    wasm["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] =
-        json!(wasm_path().display().to_string());
-    config
-}
-
 /// The demo's stand-in language-model upstream, on a port of its own.
 fn start_llm_upstream() -> (Process, ClaimedPort) {
     let claimed = claim_port();
@@ -126,7 +97,7 @@ fn the_official_sdks_are_limited_by_the_demos_llm_rule() {
     let redis = Redis::start();
     let shim = Shim::start(&redis.url(), &[]);
     let (_llm, llm_port) = start_llm_upstream();
-    let envoy = Envoy::start_bootstrap(&demo_envoy_config(shim.port, llm_port.port));
+    let envoy = Envoy::start_bootstrap(&shipped_envoy_config("envoy.yaml", shim.port, llm_port.port));
     let run = std::process::id();
 
     for client in ["openai", "anthropic", "anthropic-bearer"] {

@@ -1,7 +1,8 @@
 //! What many tests share: plugin configs, shim check bodies, a wired stack, YAML files.
 
-use super::envoy::Envoy;
+use super::envoy::{loopback, wasm_path, Envoy};
 use super::http::{post, Reply};
+use super::process::repo_root;
 use super::redis::Redis;
 use super::shim::Shim;
 use serde::Deserialize as _;
@@ -87,4 +88,32 @@ pub fn yaml_file(path: &Path) -> Value {
     let mut documents = yaml_documents(path);
     assert_eq!(documents.len(), 1, "{} should hold one document", path.display());
     documents.remove(0)
+}
+
+/// A shipped demo configuration (`envoy.yaml`, or `envoy-native.yaml`), moved to loopback
+/// ports: the listener and admin on ports Envoy picks, the shim's cluster at `shim_port`
+/// and both upstream pools (`llm`, and `fallback`, which answers alike) at
+/// `upstream_port`, a Wasm filter's module the one built.
+pub fn shipped_envoy_config(file: &str, shim_port: u16, upstream_port: u16) -> Value {
+    let mut config = yaml_file(&repo_root().join(file));
+    config["static_resources"]["listeners"][0]["address"] = loopback(0);
+    config["admin"]["address"] = loopback(0);
+    for cluster in config["static_resources"]["clusters"].as_array_mut().unwrap() {
+        let port = match cluster["name"].as_str() {
+            Some("llm") | Some("fallback") => upstream_port,
+            Some("ratelimit_shim") => shim_port,
+            other => panic!("unexpected cluster {other:?} in {file}"),
+        };
+        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+            ["socket_address"] = json!({ "address": "127.0.0.1", "port_value": port });
+    }
+    let filters = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"]["http_filters"];
+    for filter in filters.as_array_mut().unwrap() {
+        if filter["name"] == "envoy.filters.http.wasm" {
+            filter["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] =
+                json!(wasm_path().display().to_string());
+        }
+    }
+    config
 }
