@@ -57,6 +57,8 @@ pub type FilterEnvoyPtr = *mut c_void;
 pub type FilterConfigEnvoyPtr = *mut c_void;
 /// `envoy_dynamic_module_type_http_filter_scheduler_module_ptr`.
 pub type SchedulerPtr = *mut c_void;
+/// `envoy_dynamic_module_type_http_filter_config_scheduler_module_ptr`.
+pub type ConfigSchedulerPtr = *mut c_void;
 
 // envoy_dynamic_module_type_http_header_type
 pub const REQUEST_HEADERS: u32 = 0;
@@ -190,6 +192,27 @@ extern "C" {
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_new(filter: FilterEnvoyPtr) -> SchedulerPtr;
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_commit(scheduler: SchedulerPtr, event_id: u64);
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: SchedulerPtr);
+
+    /// A callout of the configuration, made and answered on Envoy's main thread.
+    pub fn envoy_dynamic_module_callback_http_filter_config_http_callout(
+        config: FilterConfigEnvoyPtr,
+        callout_id_out: *mut u64,
+        cluster_name: ModuleBuffer,
+        headers: *mut ModuleHeader,
+        headers_size: usize,
+        body: ModuleBuffer,
+        timeout_milliseconds: u64,
+    ) -> u32;
+
+    /// A scheduler whose events run on the main thread; committed from any thread.
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(
+        config: FilterConfigEnvoyPtr,
+    ) -> ConfigSchedulerPtr;
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+        scheduler: ConfigSchedulerPtr,
+        event_id: u64,
+    );
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(scheduler: ConfigSchedulerPtr);
 }
 
 impl ModuleBuffer {

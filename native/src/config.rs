@@ -8,6 +8,7 @@
 
 use crate::abi;
 use crate::envoy::{self, EnvoyConfig};
+use crate::main_thread::MainThreadCalls;
 use crate::native_host::{NativeHost, Worker};
 use crate::slots::ProcessSlots;
 use crate::stats::Defined;
@@ -26,6 +27,8 @@ pub struct ModuleConfig {
     json: Vec<u8>,
     /// Its stats, defined on Envoy's configuration object.
     stats: Arc<Defined>,
+    /// The calls its workers have no stream to carry.
+    pub main_thread: Arc<MainThreadCalls>,
     /// Envoy dropped it (reconfigured or removed): no new stream meets it.
     closed: AtomicBool,
 }
@@ -54,6 +57,7 @@ pub fn load(config_envoy: EnvoyConfig, bytes: &[u8]) -> Result<ModuleConfig, Str
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         json: bytes.to_vec(),
         stats: Arc::new(Defined::define(config_envoy, &config)),
+        main_thread: Arc::new(MainThreadCalls::new(config_envoy.new_scheduler())),
         closed: AtomicBool::new(false),
     })
 }
@@ -61,6 +65,7 @@ pub fn load(config_envoy: EnvoyConfig, bytes: &[u8]) -> Result<ModuleConfig, Str
 impl ModuleConfig {
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
+        self.main_thread.close();
     }
 
     fn is_closed(&self) -> bool {
@@ -90,11 +95,8 @@ pub fn worker_for(config: &Arc<ModuleConfig>) -> Option<Rc<Worker>> {
         }
         let compiled = FilterConfig::from_json(&config.json).ok()?;
         let id = (NEXT_WORKER.fetch_add(1, Ordering::Relaxed) << 1) | 1;
-        let worker = Rc::new(Worker::new(
-            NativeHost::new(Arc::clone(&config.stats)),
-            id,
-            compiled,
-        ));
+        let host = NativeHost::new(Arc::clone(&config.stats), Arc::clone(&config.main_thread), id);
+        let worker = Rc::new(Worker::new(host, id, compiled));
         workers.insert(config.id, (Arc::clone(config), Rc::clone(&worker)));
         Some(worker)
     })

@@ -3,8 +3,8 @@
 //! the hook returns (Envoy's buffers are valid only until then).
 
 use crate::abi::{
-    self, EnvoyBuffer, EnvoyHeader, FilterConfigEnvoyPtr, FilterEnvoyPtr, ModuleBuffer, ModuleHeader,
-    SchedulerPtr,
+    self, ConfigSchedulerPtr, EnvoyBuffer, EnvoyHeader, FilterConfigEnvoyPtr, FilterEnvoyPtr, ModuleBuffer,
+    ModuleHeader, SchedulerPtr,
 };
 use std::ptr;
 
@@ -164,10 +164,7 @@ impl Stream {
         body: &[u8],
         timeout_ms: u64,
     ) -> Result<u64, u32> {
-        let mut headers: Vec<ModuleHeader> = headers
-            .iter()
-            .map(|(name, value)| ModuleHeader::of(name, value))
-            .collect();
+        let mut headers = module_headers(headers);
         let mut id = 0u64;
         // SAFETY: live filter; every buffer borrows data alive for the call.
         let result = unsafe {
@@ -210,5 +207,75 @@ impl Scheduler {
     pub fn delete(self) {
         // SAFETY: as `schedule`; the caller never uses it again.
         unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_delete(self.0) }
+    }
+}
+
+/// Module headers borrowing `headers`, for a callout.
+fn module_headers(headers: &[(&str, &str)]) -> Vec<ModuleHeader> {
+    headers
+        .iter()
+        .map(|(name, value)| ModuleHeader::of(name, value))
+        .collect()
+}
+
+impl EnvoyConfig {
+    /// A callout on Envoy's main thread (call it there): its id, or the init result.
+    pub fn callout(
+        self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u64, u32> {
+        let mut headers = module_headers(headers);
+        let mut id = 0u64;
+        // SAFETY: a live configuration, on the main thread; every buffer borrows data
+        // alive for the call.
+        let result = unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_config_http_callout(
+                self.0,
+                &mut id,
+                ModuleBuffer::of(cluster.as_bytes()),
+                headers.as_mut_ptr(),
+                headers.len(),
+                ModuleBuffer::of(body),
+                timeout_ms,
+            )
+        };
+        if result == abi::CALLOUT_INIT_SUCCESS {
+            Ok(id)
+        } else {
+            Err(result)
+        }
+    }
+
+    /// A scheduler of main-thread events for this configuration (call it in its
+    /// `config_new` hook).
+    pub fn new_scheduler(self) -> Option<ConfigScheduler> {
+        // SAFETY: a live configuration, in its hook.
+        let scheduler =
+            unsafe { abi::envoy_dynamic_module_callback_http_filter_config_scheduler_new(self.0) };
+        (!scheduler.is_null()).then_some(ConfigScheduler(scheduler))
+    }
+}
+
+/// A configuration's scheduler: [`ConfigScheduler::schedule`] from any thread runs the
+/// configuration's `scheduled` hook on the main thread.
+#[derive(Clone, Copy, Debug)]
+pub struct ConfigScheduler(ConfigSchedulerPtr);
+
+// SAFETY: Envoy's configuration scheduler may be committed to from any thread (it
+// posts to the main dispatcher); it is deleted once, under the owner's lock.
+unsafe impl Send for ConfigScheduler {}
+
+impl ConfigScheduler {
+    pub fn schedule(self) {
+        // SAFETY: not yet deleted (the owner's lock says so).
+        unsafe { abi::envoy_dynamic_module_callback_http_filter_config_scheduler_commit(self.0, 0) }
+    }
+
+    pub fn delete(self) {
+        // SAFETY: as `schedule`; never used again.
+        unsafe { abi::envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.0) }
     }
 }

@@ -51,6 +51,15 @@ impl Filter {
     fn in_hook<R>(&self, own: bool, f: impl FnOnce(&Worker) -> R) -> R {
         let host = &self.worker.host;
         let before = host.streams.borrow_mut().enter_hook(own.then_some(self.id));
+        // The answers of calls the main thread carried, since this worker last ran.
+        for answer in host.main_thread.take_answers(host.worker_id) {
+            let call_answer = CallAnswer {
+                status: answer.status.as_deref(),
+                shim_version: answer.shim_version.as_deref(),
+                body: &answer.body,
+            };
+            self.worker.on_call_response(answer.token, call_answer);
+        }
         let result = f(&self.worker);
         host.streams.borrow_mut().leave_hook(before);
         host.run_actions();
@@ -135,8 +144,17 @@ impl Filter {
 
     /// The stream is over, whatever ended it: the request gives back what it holds and
     /// settles what its response reported it cost (a second call finds nothing left).
+    /// With no other stream to wake the worker through, that leaves now, carried by the
+    /// main thread, rather than with the next request.
     pub fn on_stream_complete(&self) {
-        self.in_hook(true, |worker| self.request.end_stream(worker));
+        self.worker.host.streams.borrow_mut().ended(self.id);
+        self.in_hook(true, |worker| {
+            self.request.end_stream(worker);
+            let owed = std::mem::take(&mut worker.host.streams.borrow_mut().wake_owed);
+            if owed {
+                worker.on_wake();
+            }
+        });
     }
 
     /// The filter is going away: the calls this stream carried end with it (their

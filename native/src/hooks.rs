@@ -12,6 +12,9 @@ use crate::abi::{self, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr};
 use crate::config::{self, ModuleConfig};
 use crate::envoy::{self, EnvoyConfig, Stream};
 use crate::filter::Filter;
+use crate::main_thread::Answer;
+use ratelimit_wasm::attributes::header_text;
+use ratelimit_wasm::wire::VERSION_HEADER;
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
@@ -212,25 +215,36 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     guarded((), || {
         // SAFETY: Envoy lends the headers and chunks (arrays of the sizes given, or
         // null) for this hook; both are copied before the worker runs.
-        let (headers, body) = unsafe {
-            let headers: Vec<(String, Vec<u8>)> = array(headers, headers_size)
-                .iter()
-                .map(|header| {
-                    let name = abi::bytes(header.key_ptr, header.key_length);
-                    let value = abi::bytes(header.value_ptr, header.value_length);
-                    (String::from_utf8_lossy(name).into_owned(), value.to_vec())
-                })
-                .collect();
-            let mut body = Vec::new();
-            for chunk in array(body_chunks, body_chunks_size) {
-                body.extend_from_slice(abi::bytes(chunk.ptr, chunk.length));
-            }
-            (headers, body)
-        };
+        let (headers, body) = unsafe { callout_answer(headers, headers_size, body_chunks, body_chunks_size) };
         // SAFETY: a live filter of ours.
         let filter = unsafe { filter(module) };
         filter.on_callout_done(callout_id, &headers, result == abi::CALLOUT_SUCCESS, &body);
     })
+}
+
+/// A callout's answer, copied: its headers and its body.
+///
+/// # Safety
+/// The arrays hold the sizes given (or are null), each buffer valid for the hook.
+unsafe fn callout_answer(
+    headers: *mut EnvoyHeader,
+    headers_size: usize,
+    body_chunks: *mut EnvoyBuffer,
+    body_chunks_size: usize,
+) -> (Vec<(String, Vec<u8>)>, Vec<u8>) {
+    let headers = array(headers, headers_size)
+        .iter()
+        .map(|header| {
+            let name = abi::bytes(header.key_ptr, header.key_length);
+            let value = abi::bytes(header.value_ptr, header.value_length);
+            (String::from_utf8_lossy(name).into_owned(), value.to_vec())
+        })
+        .collect();
+    let mut body = Vec::new();
+    for chunk in array(body_chunks, body_chunks_size) {
+        body.extend_from_slice(abi::bytes(chunk.ptr, chunk.length));
+    }
+    (headers, body)
 }
 
 /// # Safety
@@ -270,12 +284,51 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_new(
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_destroy(_config: *const c_void) {}
 
+/// On the main thread: the calls workers queued for it (`crate::main_thread`).
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
-    _config_envoy: *mut c_void,
-    _config: *const c_void,
+    config_envoy: *mut c_void,
+    config: *const c_void,
     _event: u64,
 ) {
+    guarded((), || {
+        // SAFETY: the configuration `config_new` returned; Envoy drops a scheduled
+        // event of a configuration it destroyed.
+        let config = unsafe { &*config.cast::<ModuleConfig>() };
+        config.main_thread.send_queued(EnvoyConfig(config_envoy));
+    })
+}
+
+/// On the main thread: the answer to a call it carried, kept for its worker.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
+    _config_envoy: *mut c_void,
+    config: *const c_void,
+    callout_id: u64,
+    result: u32,
+    headers: *mut EnvoyHeader,
+    headers_size: usize,
+    body_chunks: *mut EnvoyBuffer,
+    body_chunks_size: usize,
+) {
+    guarded((), || {
+        // SAFETY: as `on_http_filter_callout_done`'s; the configuration is alive while
+        // Envoy answers its callouts.
+        let (headers, body) = unsafe { callout_answer(headers, headers_size, body_chunks, body_chunks_size) };
+        let config = unsafe { &*config.cast::<ModuleConfig>() };
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, value)| header_text(value.clone()))
+        };
+        config.main_thread.answered(callout_id, |token| Answer {
+            token,
+            status: header(":status").filter(|_| result == abi::CALLOUT_SUCCESS),
+            shim_version: header(VERSION_HEADER),
+            body,
+        });
+    })
 }
 
 #[no_mangle]
@@ -307,7 +360,6 @@ unused_hooks!(
     envoy_dynamic_module_on_http_filter_http_stream_trailers,
     envoy_dynamic_module_on_http_filter_http_stream_complete,
     envoy_dynamic_module_on_http_filter_http_stream_reset,
-    envoy_dynamic_module_on_http_filter_config_http_callout_done,
     envoy_dynamic_module_on_http_filter_config_http_stream_headers,
     envoy_dynamic_module_on_http_filter_config_http_stream_data,
     envoy_dynamic_module_on_http_filter_config_http_stream_trailers,

@@ -12,10 +12,11 @@
 //! 4. [`native_host`]: the ABI as the worker's `Host`;
 //! 5. [`request_view`]: a stream's request, for the planner;
 //! 6. [`stats`]: the filter's stats, defined on the configuration;
-//! 7. [`streams`]: what a worker thread's host knows of its streams, free of Envoy;
-//! 8. [`slots`]: the process-wide slot table (the local layer's shared data);
-//! 9. [`envoy`]: safe wrappers over the callbacks;
-//! 10. [`abi`]: the ABI's types and callbacks, written here from Envoy's header.
+//! 7. [`main_thread`]: the shim calls Envoy's main thread carries for a worker;
+//! 8. [`streams`]: what a worker thread's host knows of its streams, free of Envoy;
+//! 9. [`slots`]: the process-wide slot table (the local layer's shared data);
+//! 10. [`envoy`]: safe wrappers over the callbacks;
+//! 11. [`abi`]: the ABI's types and callbacks, written here from Envoy's header.
 
 // A panic in a hook is caught (see `hooks`), but none belongs outside tests.
 #![cfg_attr(
@@ -33,6 +34,7 @@ pub mod config;
 pub mod envoy;
 pub mod filter;
 pub mod hooks;
+pub mod main_thread;
 pub mod native_host;
 pub mod request_view;
 pub mod slots;

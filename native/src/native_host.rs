@@ -1,6 +1,8 @@
 //! Envoy's dynamic-module ABI as the worker's [`Host`]: one per plugin configuration
 //! and worker thread. A shim call is a callout carried by one of the worker's streams
-//! (the one paused last: a per-stream callout ends with its stream); a wake-up is a
+//! (the one paused last: a per-stream callout ends with its stream), or, with none that
+//! will last (only what ended streams give back), by the main thread
+//! ([`MainThreadCalls`]); a wake-up is a
 //! stream's scheduler (or, with no stream left, the next stream's); entering a request
 //! makes it the target of the worker's resumes and replies, which wait in [`Streams`]
 //! until the worker has returned and are then carried out
@@ -9,6 +11,7 @@
 
 use crate::abi;
 use crate::envoy::{self, Stream};
+use crate::main_thread::{Call, MainThreadCalls};
 use crate::request_view::plan_stream;
 use crate::slots::ProcessSlots;
 use crate::stats::Defined;
@@ -28,6 +31,9 @@ pub struct NativeHost {
     pub streams: RefCell<Streams>,
     /// The configuration's stats (defined when Envoy loaded it).
     stats: Arc<Defined>,
+    pub main_thread: Arc<MainThreadCalls>,
+    /// The worker's id, for its answers in [`MainThreadCalls`].
+    pub worker_id: u64,
 }
 
 fn since_epoch() -> Duration {
@@ -35,10 +41,12 @@ fn since_epoch() -> Duration {
 }
 
 impl NativeHost {
-    pub fn new(stats: Arc<Defined>) -> NativeHost {
+    pub fn new(stats: Arc<Defined>, main_thread: Arc<MainThreadCalls>, worker_id: u64) -> NativeHost {
         NativeHost {
             streams: RefCell::default(),
             stats,
+            main_thread,
+            worker_id,
         }
     }
 
@@ -125,14 +133,24 @@ impl Host for NativeHost {
         body: &[u8],
         timeout: Duration,
     ) -> Result<u32, CallRefused> {
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX).max(1);
         let carrier = self.streams.borrow().carrier();
         let Some((id, stream)) = carrier else {
+            let token = self.streams.borrow_mut().next_token();
+            let call = Call {
+                cluster,
+                headers: &headers,
+                body,
+                timeout_ms,
+            };
+            if self.main_thread.queue(self.worker_id, token, call) {
+                return Ok(token);
+            }
             return Err(CallRefused {
                 unknown_cluster: false,
-                error: "no live stream to carry the call".to_string(),
+                error: "no stream to carry the call, and the configuration is gone".to_string(),
             });
         };
-        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX).max(1);
         match stream.callout(cluster, &headers, body, timeout_ms) {
             Ok(callout) => Ok(self.streams.borrow_mut().call_sent(id, callout)),
             Err(result) => Err(CallRefused {
@@ -148,7 +166,7 @@ impl Host for NativeHost {
             return Ok(());
         }
         let own = streams.own();
-        let Some(id) = streams.any_live(own) else {
+        let Some(id) = streams.any_lasting(own) else {
             // The worker goes on counting on this wake-up (it sends nothing meanwhile):
             // the next stream delivers it (`Filter::on_request_headers`).
             streams.wake_owed = true;

@@ -21,6 +21,8 @@ pub struct StreamEntry {
     pub scheduler: Option<Scheduler>,
     /// When it paused (a sequence number), while it waits.
     paused_at: Option<u64>,
+    /// Its end is being handled: neither a call nor a wake-up goes through it now.
+    ended: bool,
 }
 
 #[derive(Default)]
@@ -48,6 +50,7 @@ impl Streams {
             stream,
             scheduler: None,
             paused_at: None,
+            ended: false,
         };
         self.live.insert(id, entry);
     }
@@ -85,6 +88,22 @@ impl Streams {
     }
 
     /// Any live stream, preferring `first`.
+    /// The stream is over (its end is being handled), though Envoy still has it.
+    pub fn ended(&mut self, id: u64) {
+        if let Some(entry) = self.live.get_mut(&id) {
+            entry.ended = true;
+        }
+    }
+
+    /// A stream that has not ended, `first` if it is one: one to wake the worker
+    /// through.
+    pub fn any_lasting(&self, first: Option<u64>) -> Option<u64> {
+        let lasting = |id: &u64| self.live.get(id).is_some_and(|entry| !entry.ended);
+        first
+            .filter(lasting)
+            .or_else(|| self.live.keys().copied().find(lasting))
+    }
+
     pub fn any_live(&self, first: Option<u64>) -> Option<u64> {
         first
             .filter(|id| self.is_live(*id))
@@ -135,24 +154,32 @@ impl Streams {
     }
 
     /// The stream to carry a call: a callout ends with its stream, so the one paused
-    /// last (it waits the longest from now on), else the hook's own.
+    /// last (it waits the longest from now on), else the hook's own; never one that
+    /// ended (`None`: the main thread carries it).
     pub fn carrier(&self) -> Option<(u64, Stream)> {
         let paused = self
             .live
             .iter()
+            .filter(|(_, entry)| !entry.ended)
             .filter_map(|(id, entry)| Some((entry.paused_at?, *id, entry.stream)))
             .max_by_key(|(at, _, _)| *at)
             .map(|(_, id, stream)| (id, stream));
         paused.or_else(|| {
             let own = self.own?;
-            Some((own, self.stream(own)?))
+            let entry = self.live.get(&own).filter(|entry| !entry.ended)?;
+            Some((own, entry.stream))
         })
+    }
+
+    /// A token for a call, unique on this worker's host whoever carries it.
+    pub fn next_token(&mut self) -> u32 {
+        self.next_token = self.next_token.wrapping_add(1);
+        self.next_token
     }
 
     /// A call started on `stream`: the worker's token for it.
     pub fn call_sent(&mut self, stream: u64, callout: u64) -> u32 {
-        self.next_token = self.next_token.wrapping_add(1);
-        let token = self.next_token;
+        let token = self.next_token();
         self.calls.insert(token, (stream, callout));
         token
     }
@@ -205,6 +232,29 @@ mod tests {
         assert_eq!(streams.carrier().map(|(id, _)| id), Some(3));
         streams.unpaused(3);
         assert_eq!(streams.carrier().map(|(id, _)| id), Some(1));
+    }
+
+    #[test]
+    fn an_ended_stream_carries_no_call_and_no_wake_up() {
+        let mut streams = Streams::default();
+        streams.register(1, stream(1));
+        streams.register(2, stream(2));
+        streams.paused(1);
+        streams.enter_hook(Some(2));
+        streams.ended(1);
+        assert_eq!(streams.carrier().map(|(id, _)| id), Some(2), "the hook's own");
+        streams.ended(2);
+        assert_eq!(streams.carrier().map(|(id, _)| id), None, "the main thread's");
+        assert_eq!(streams.any_lasting(Some(2)), None);
+        streams.register(3, stream(3));
+        assert_eq!(streams.any_lasting(Some(2)), Some(3));
+        assert_eq!(
+            streams.any_live(Some(2)),
+            Some(2),
+            "stats may still go through it"
+        );
+        let (a, b) = (streams.next_token(), streams.call_sent(3, 7));
+        assert_ne!(a, b, "one token space whoever carries the call");
     }
 
     #[test]
