@@ -81,7 +81,7 @@ struct Listeners {
 }
 
 impl Listeners {
-    fn start() -> Listeners {
+    fn start(host: FilterHost) -> Listeners {
         let redis = Redis::start();
         let shim = Shim::start(&redis.url(), &[]);
         let mut config = envoy_config(shim.port, &plugin_config(&json!("none")));
@@ -92,7 +92,7 @@ impl Listeners {
                 let mut listener = template.clone();
                 listener["name"] = json!(name);
                 let manager = &mut listener["filter_chains"][0]["filters"][0]["typed_config"];
-                manager["http_filters"][0] = wasm_filter(&plugin_config(&headers));
+                manager["http_filters"][0] = host.filter(&plugin_config(&headers));
                 listener
             })
             .collect();
@@ -204,9 +204,13 @@ fn read_right(lines: &[Value], window_end: f64) -> Result<(), String> {
     Ok(())
 }
 
-#[test]
-fn published_parsers_read_the_limit_remaining_and_reset_the_limiter_decided() {
-    let listeners = Listeners::start();
+on_both_hosts!(
+    published_parsers_read_the_limit_remaining_and_reset_the_limiter_decided,
+    clients_that_retry_by_themselves_wait_what_the_limiter_decided,
+);
+
+fn published_parsers_read_the_limit_remaining_and_reset_the_limiter_decided(host: FilterHost) {
+    let listeners = Listeners::start(host);
     // Which dialects each library reads right; the others it misreads (docs/CONFIG.md).
     let reads: [(&str, &[&str]); 2] = [
         (
@@ -314,9 +318,8 @@ fn waits_match_the_limiter(listeners: &Listeners, client: &str, listener: &str, 
     }
 }
 
-#[test]
-fn clients_that_retry_by_themselves_wait_what_the_limiter_decided() {
-    let listeners = Listeners::start();
+fn clients_that_retry_by_themselves_wait_what_the_limiter_decided(host: FilterHost) {
+    let listeners = Listeners::start(host);
     waits_match_the_limiter(&listeners, "openai", "retry-after-ms", true);
     waits_match_the_limiter(&listeners, "openai", "shipped", false);
     waits_match_the_limiter(&listeners, "urllib3", "shipped", false);

@@ -1,4 +1,5 @@
-//! End to end: real Envoy loading the built filter, the real shim, real Redis.
+//! End to end: real Envoy loading the built filter, the real shim, real Redis. The
+//! tests named in `on_both_hosts!` run on both hosts: the `.wasm` and the dynamic module.
 
 mod support;
 
@@ -14,9 +15,17 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
 }
 
-#[test]
-fn limit_of_five_admits_five_then_answers_429_with_headers() {
-    let stack = Stack::start(&api_key_rule(5, "60s"));
+on_both_hosts!(
+    limit_of_five_admits_five_then_answers_429_with_headers,
+    twenty_concurrent_requests_on_one_key_admit_exactly_five,
+    two_envoys_sharing_one_shim_admit_exactly_the_limit,
+    counter_key_in_redis_has_a_ttl_and_no_raw_api_key,
+    unreachable_shim_applies_the_failure_mode_without_hanging,
+    hostile_headers_never_crash_the_filter,
+);
+
+fn limit_of_five_admits_five_then_answers_429_with_headers(host: FilterHost) {
+    let stack = Stack::start_on(host, &api_key_rule(5, "60s"));
     let url = stack.envoy.url("/");
     let key = [("x-api-key", "client-a")];
 
@@ -64,31 +73,36 @@ fn limit_of_five_admits_five_then_answers_429_with_headers() {
     assert_eq!(unkeyed.header("x-ratelimit-limit"), None);
 }
 
-#[test]
-fn twenty_concurrent_requests_on_one_key_admit_exactly_five() {
-    let stack = Stack::start(&api_key_rule(5, "60s"));
+fn twenty_concurrent_requests_on_one_key_admit_exactly_five(host: FilterHost) {
+    let stack = Stack::start_on(host, &api_key_rule(5, "60s"));
     let url = stack.envoy.url("/");
     let replies = concurrently(20, move |_| get(&url, &[("x-api-key", "hot-key")]));
     assert_eq!(count_status(&replies, 200), 5, "{replies:?}");
     assert_eq!(count_status(&replies, 429), 15, "{replies:?}");
 }
 
-#[test]
-fn two_envoys_sharing_one_shim_admit_exactly_the_limit() {
+/// The second Envoy runs the other host: a fleet mixing them gives a client one limit.
+fn two_envoys_sharing_one_shim_admit_exactly_the_limit(host: FilterHost) {
     let redis = Redis::start();
     let shim = Shim::start(&redis.url(), &[]);
     let config = api_key_rule(7, "60s");
-    let first = Envoy::start(shim.port, &config);
-    let second = Envoy::start(shim.port, &config);
-    let urls = [first.url("/"), second.url("/")];
-    let replies = concurrently(24, move |i| get(&urls[i % 2], &[("x-api-key", "shared")]));
-    assert_eq!(count_status(&replies, 200), 7, "{replies:?}");
-    assert_eq!(count_status(&replies, 429), 17, "{replies:?}");
+    let other = match host {
+        FilterHost::Wasm => FilterHost::Native,
+        FilterHost::Native => FilterHost::Wasm,
+    };
+    for (round, hosts) in [("same", [host, host]), ("mixed", [host, other])] {
+        let first = hosts[0].start_envoy(shim.port, &config);
+        let second = hosts[1].start_envoy(shim.port, &config);
+        let urls = [first.url("/"), second.url("/")];
+        let key = format!("shared-{round}");
+        let replies = concurrently(24, move |i| get(&urls[i % 2], &[("x-api-key", &key)]));
+        assert_eq!(count_status(&replies, 200), 7, "{round}: {replies:?}");
+        assert_eq!(count_status(&replies, 429), 17, "{round}: {replies:?}");
+    }
 }
 
-#[test]
-fn counter_key_in_redis_has_a_ttl_and_no_raw_api_key() {
-    let stack = Stack::start(&api_key_rule(5, "60s"));
+fn counter_key_in_redis_has_a_ttl_and_no_raw_api_key(host: FilterHost) {
+    let stack = Stack::start_on(host, &api_key_rule(5, "60s"));
     assert_eq!(
         get(&stack.envoy.url("/"), &[("x-api-key", "sk-live-secret")]).status,
         200
@@ -107,8 +121,7 @@ fn counter_key_in_redis_has_a_ttl_and_no_raw_api_key() {
     assert!(ttl_ms > 0 && ttl_ms <= 12_000, "PTTL {ttl_ms}");
 }
 
-#[test]
-fn unreachable_shim_applies_the_failure_mode_without_hanging() {
+fn unreachable_shim_applies_the_failure_mode_without_hanging(host: FilterHost) {
     let dead_port = refusing_port();
     for (mode, expected) in [("open", 200), ("closed", 503)] {
         let config = json!({
@@ -117,7 +130,7 @@ fn unreachable_shim_applies_the_failure_mode_without_hanging() {
             "failure_mode": mode,
             "rules": [{ "name": "r", "key": [{ "header": "x-api-key" }], "limit": 1, "period": "1m" }]
         });
-        let envoy = Envoy::start(dead_port, &config);
+        let envoy = host.start_envoy(dead_port, &config);
         for _ in 0..3 {
             let reply = get(&envoy.url("/"), &[("x-api-key", "k")]);
             assert_eq!(reply.status, expected, "mode {mode}: {reply:?}");
@@ -255,17 +268,19 @@ fn envoy_refuses_bad_plugin_configs_naming_the_field() {
 
 // Regression: the SDK's get_map_value panicked on a non-UTF-8 header value, killing the
 // VM (every later request on that worker answered 503).
-#[test]
-fn hostile_headers_never_crash_the_filter() {
-    let stack = Stack::start(&json!({
-        "shim_cluster": "ratelimit_shim",
-        "timeout": "5s",
-        "xff_num_trusted_hops": 2,
-        "rules": [
-            { "name": "per-key", "key": [{ "header": "x-api-key" }], "limit": 100, "period": "1m" },
-            { "name": "per-ip", "key": ["client_ip"], "limit": 100, "period": "1m" }
-        ]
-    }));
+fn hostile_headers_never_crash_the_filter(host: FilterHost) {
+    let stack = Stack::start_on(
+        host,
+        &json!({
+            "shim_cluster": "ratelimit_shim",
+            "timeout": "5s",
+            "xff_num_trusted_hops": 2,
+            "rules": [
+                { "name": "per-key", "key": [{ "header": "x-api-key" }], "limit": 100, "period": "1m" },
+                { "name": "per-ip", "key": ["client_ip"], "limit": 100, "period": "1m" }
+            ]
+        }),
+    );
     let many_hops = (0..4000)
         .map(|i| format!("10.0.{}.{}", i / 256, i % 256))
         .collect::<Vec<_>>()

@@ -1,5 +1,6 @@
 //! Layered rules in real Envoy: matching, key sources, tiers, weighted costs, shadow rules,
-//! header styles and the algorithms at a window boundary.
+//! header styles and the algorithms at a window boundary; those in `on_both_hosts!` on
+//! the `.wasm` and on the dynamic module.
 
 mod support;
 
@@ -32,8 +33,16 @@ fn draft_remaining(reply: &Reply, rule: &str) -> u64 {
     r.parse().unwrap()
 }
 
-#[test]
-fn a_client_over_its_ip_cap_is_refused_by_the_ip_rule_and_its_user_budget_is_not_charged() {
+on_both_hosts!(
+    a_client_over_its_ip_cap_is_refused_by_the_ip_rule_and_its_user_budget_is_not_charged,
+    a_spoofed_forwarded_for_does_not_change_the_key,
+    a_premium_key_gets_its_tiers_limit_and_a_weighted_route_consumes_its_cost,
+    a_per_endpoint_rule_applies_only_to_its_path_and_method,
+    a_shadow_rule_never_refuses_but_its_counter_moves,
+    a_custom_status_body_and_draft_headers_reach_the_client,
+);
+
+fn a_client_over_its_ip_cap_is_refused_by_the_ip_rule_and_its_user_budget_is_not_charged(host: FilterHost) {
     let mut config = config(json!([
         { "name": "per-user", "key": [{ "header": "x-user-id" }], "limit": 10, "period": "1m" },
         { "name": "per-ip", "key": ["client_ip"], "limit": 3, "period": "1m" }
@@ -41,7 +50,7 @@ fn a_client_over_its_ip_cap_is_refused_by_the_ip_rule_and_its_user_budget_is_not
     // The shim's refusal is under test: with the deny cache, this Envoy would refuse the
     // 4th request alone (the 3rd took per-ip's last token) and say nothing of per-user.
     config["deny_cache"] = json!(false);
-    let stack = Stack::start(&config);
+    let stack = Stack::start_on(host, &config);
     let url = stack.envoy.url("/");
     let from = |ip: &str| [("x-user-id", "alice"), ("x-forwarded-for", ip)].map(|(k, v)| (k, v.to_string()));
     let send = |ip: &str| {
@@ -74,11 +83,13 @@ fn a_client_over_its_ip_cap_is_refused_by_the_ip_rule_and_its_user_budget_is_not
         .contains(r#""per-user";q=10;w=60"#));
 }
 
-#[test]
-fn a_spoofed_forwarded_for_does_not_change_the_key() {
-    let stack = Stack::start(&config(json!([
-        { "name": "per-ip", "key": ["client_ip"], "limit": 2, "period": "1m" }
-    ])));
+fn a_spoofed_forwarded_for_does_not_change_the_key(host: FilterHost) {
+    let stack = Stack::start_on(
+        host,
+        &config(json!([
+            { "name": "per-ip", "key": ["client_ip"], "limit": 2, "period": "1m" }
+        ])),
+    );
     let url = stack.envoy.url("/");
     let statuses: Vec<u16> = [
         "1.1.1.1, 203.0.113.7",
@@ -96,16 +107,18 @@ fn a_spoofed_forwarded_for_does_not_change_the_key() {
     );
 }
 
-#[test]
-fn a_premium_key_gets_its_tiers_limit_and_a_weighted_route_consumes_its_cost() {
-    let stack = Stack::start(&config(json!([{
-        "name": "per-key", "key": [{ "header": "x-api-key" }], "limit": 4, "period": "1m",
-        "tiers": [
-            { "name": "vip", "when": { "header": "x-api-key", "prefix": "vip:" }, "limit": 40 },
-            { "name": "premium", "when": { "header": "x-tier", "equals": "premium" }, "limit": 20 }
-        ],
-        "costs": [{ "match": { "path_prefix": "/export" }, "cost": 3 }]
-    }])));
+fn a_premium_key_gets_its_tiers_limit_and_a_weighted_route_consumes_its_cost(host: FilterHost) {
+    let stack = Stack::start_on(
+        host,
+        &config(json!([{
+            "name": "per-key", "key": [{ "header": "x-api-key" }], "limit": 4, "period": "1m",
+            "tiers": [
+                { "name": "vip", "when": { "header": "x-api-key", "prefix": "vip:" }, "limit": 40 },
+                { "name": "premium", "when": { "header": "x-tier", "equals": "premium" }, "limit": 20 }
+            ],
+            "costs": [{ "match": { "path_prefix": "/export" }, "cost": 3 }]
+        }])),
+    );
     let url = stack.envoy.url("/items");
     let free = get(&url, &[("x-api-key", "free-1")]);
     assert_eq!(
@@ -137,12 +150,14 @@ fn a_premium_key_gets_its_tiers_limit_and_a_weighted_route_consumes_its_cost() {
     );
 }
 
-#[test]
-fn a_per_endpoint_rule_applies_only_to_its_path_and_method() {
-    let stack = Stack::start(&config(json!([
-        { "name": "search", "match": { "path_prefix": "/search", "methods": ["GET"] },
-          "key": ["client_ip"], "limit": 1, "period": "1m" }
-    ])));
+fn a_per_endpoint_rule_applies_only_to_its_path_and_method(host: FilterHost) {
+    let stack = Stack::start_on(
+        host,
+        &config(json!([
+            { "name": "search", "match": { "path_prefix": "/search", "methods": ["GET"] },
+              "key": ["client_ip"], "limit": 1, "period": "1m" }
+        ])),
+    );
     assert_eq!(get(&stack.envoy.url("/search?q=a"), &[]).status, 200);
     assert_eq!(get(&stack.envoy.url("/search?q=b"), &[]).status, 429);
     let elsewhere = get(&stack.envoy.url("/home"), &[]);
@@ -159,12 +174,14 @@ fn a_per_endpoint_rule_applies_only_to_its_path_and_method() {
     );
 }
 
-#[test]
-fn a_shadow_rule_never_refuses_but_its_counter_moves() {
-    let stack = Stack::start(&config(json!([
-        { "name": "live", "key": [{ "header": "x-api-key" }], "limit": 100, "period": "1m" },
-        { "name": "trial", "key": [{ "constant": "everyone" }], "limit": 2, "period": "1m", "shadow": true }
-    ])));
+fn a_shadow_rule_never_refuses_but_its_counter_moves(host: FilterHost) {
+    let stack = Stack::start_on(
+        host,
+        &config(json!([
+            { "name": "live", "key": [{ "header": "x-api-key" }], "limit": 100, "period": "1m" },
+            { "name": "trial", "key": [{ "constant": "everyone" }], "limit": 2, "period": "1m", "shadow": true }
+        ])),
+    );
     let url = stack.envoy.url("/");
     for i in 0..5 {
         let reply = get(&url, &[("x-api-key", "k")]);
@@ -187,15 +204,17 @@ fn a_shadow_rule_never_refuses_but_its_counter_moves() {
     });
 }
 
-#[test]
-fn a_custom_status_body_and_draft_headers_reach_the_client() {
-    let stack = Stack::start(&json!({
-        "shim_cluster": "ratelimit_shim",
-        "timeout": "5s",
-        "response": { "status": 503, "headers": "ietf-draft", "body": "slow down, {rule}: retry in {retry_after}s",
-                      "content_type": "text/plain" },
-        "rules": [{ "name": "per-key", "key": [{ "header": "x-api-key" }], "limit": 1, "period": "30s" }]
-    }));
+fn a_custom_status_body_and_draft_headers_reach_the_client(host: FilterHost) {
+    let stack = Stack::start_on(
+        host,
+        &json!({
+            "shim_cluster": "ratelimit_shim",
+            "timeout": "5s",
+            "response": { "status": 503, "headers": "ietf-draft", "body": "slow down, {rule}: retry in {retry_after}s",
+                          "content_type": "text/plain" },
+            "rules": [{ "name": "per-key", "key": [{ "header": "x-api-key" }], "limit": 1, "period": "30s" }]
+        }),
+    );
     let url = stack.envoy.url("/");
     let allowed = get(&url, &[("x-api-key", "k")]);
     assert_eq!(allowed.header("ratelimit-policy"), Some(r#""per-key";q=1;w=30"#));

@@ -1,6 +1,6 @@
 //! What many tests share: plugin configs, shim check bodies, a wired stack, YAML files.
 
-use super::envoy::{loopback, wasm_path, Envoy};
+use super::envoy::{loopback, wasm_path, Envoy, FilterHost};
 use super::http::{post, Reply};
 use super::process::repo_root;
 use super::redis::Redis;
@@ -30,9 +30,14 @@ pub struct Stack {
 
 impl Stack {
     pub fn start(plugin_config: &Value) -> Stack {
+        Stack::start_on(FilterHost::Wasm, plugin_config)
+    }
+
+    /// As [`Stack::start`], with the filter on `host`.
+    pub fn start_on(host: FilterHost, plugin_config: &Value) -> Stack {
         let redis = Redis::start();
         let shim = Shim::start(&redis.url(), &[]);
-        let envoy = Envoy::start(shim.port, plugin_config);
+        let envoy = host.start_envoy(shim.port, plugin_config);
         Stack { redis, shim, envoy }
     }
 

@@ -25,3 +25,22 @@ pub use process::*;
 pub use redis::*;
 pub use shim::*;
 pub use upstream::*;
+
+/// One test on both hosts of the filter: for each `name(host: FilterHost)`, a module
+/// `name` with the tests `wasm` and `native` (`cargo test name::native`).
+#[macro_export]
+macro_rules! on_both_hosts {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn wasm() {
+                super::$name($crate::support::FilterHost::Wasm)
+            }
+
+            #[test]
+            fn native() {
+                super::$name($crate::support::FilterHost::Native)
+            }
+        }
+    )*};
+}
