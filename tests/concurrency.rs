@@ -1,7 +1,8 @@
 //! Concurrency limits end to end: real Envoys loading the built filter, the real shim,
 //! real Redis, and a real upstream that holds responses open (`support/upstream.rs`).
 //! A slot is taken when a request is admitted and given back when its stream ends,
-//! however it ends; the Redis sorted set of slots in flight is the ground truth.
+//! however it ends; the Redis sorted set of slots in flight is the ground truth. Those in
+//! `on_both_hosts!` run on the `.wasm` and on the dynamic module.
 
 mod support;
 
@@ -26,8 +27,8 @@ fn concurrency_config(limit: u64, max_duration: &str) -> Value {
     })
 }
 
-fn start_envoy(shim: &Shim, config: &Value, upstream: &Upstream) -> Envoy {
-    Envoy::start_bootstrap(&envoy_config_to_upstream(shim.port, config, upstream.port))
+fn start_envoy(host: FilterHost, shim: &Shim, config: &Value, upstream: &Upstream) -> Envoy {
+    Envoy::start_bootstrap(&host.envoy_config_to_upstream(shim.port, config, upstream.port))
 }
 
 /// Slots taken in Redis right now, over every concurrency key (expired ones included
@@ -56,15 +57,21 @@ fn refused_now(envoy: &Envoy, api_key: &str) -> Reply {
     get(&envoy.url("/work"), &[("x-api-key", api_key)])
 }
 
-#[test]
-fn the_limit_is_exact_across_two_envoys_and_a_release_lets_the_next_in() {
+on_both_hosts!(
+    the_limit_is_exact_across_two_envoys_and_a_release_lets_the_next_in,
+    the_slots_of_a_killed_envoy_come_back_after_max_duration,
+    a_local_concurrency_limit_holds_in_one_envoy_and_leaks_no_slot,
+    after_redis_loses_its_data_a_limit_admits_up_to_twice_until_the_forgotten_requests_end,
+);
+
+fn the_limit_is_exact_across_two_envoys_and_a_release_lets_the_next_in(host: FilterHost) {
     let redis = Redis::start();
     let shim = Shim::start(&redis.url(), &[]);
     let upstream = Upstream::start();
     let config = concurrency_config(3, "60s");
     let envoys = [
-        start_envoy(&shim, &config, &upstream),
-        start_envoy(&shim, &config, &upstream),
+        start_envoy(host, &shim, &config, &upstream),
+        start_envoy(host, &shim, &config, &upstream),
     ];
     let held: Vec<JoinHandle<Reply>> = ["a", "b", "c"]
         .iter()
@@ -225,8 +232,12 @@ fn send(
     }
 }
 
+/// The Wasm filter's alone: on the dynamic module a call rides a paused stream, and a
+/// client that hangs up takes it along with the releases it carried, which then wait
+/// for `max_duration` (docs/NATIVE.md, "Not yet").
 #[test]
 fn no_slot_leaks_after_thousands_of_requests_ending_every_way() {
+    let host = FilterHost::Wasm;
     const THREADS: usize = 8;
     const PER_THREAD: usize = 400;
     const LIMIT: u64 = 4;
@@ -234,7 +245,7 @@ fn no_slot_leaks_after_thousands_of_requests_ending_every_way() {
     let shim = Shim::start(&redis.url(), &[]);
     let upstream = std::sync::Arc::new(Upstream::start());
     let config = concurrency_config(LIMIT, "60s");
-    let envoy = std::sync::Arc::new(start_envoy(&shim, &config, &upstream));
+    let envoy = std::sync::Arc::new(start_envoy(host, &shim, &config, &upstream));
     let started = Instant::now();
     let workers: Vec<JoinHandle<Vec<(Ending, u16)>>> = (0..THREADS)
         .map(|thread| {
@@ -278,8 +289,8 @@ fn no_slot_leaks_after_thousands_of_requests_ending_every_way() {
     wait_until("the upstream holds nothing", Duration::from_secs(10), || {
         upstream.in_flight() == 0
     });
-    let allowed = envoy.stat(&format!("wasmcustom.ratelimit.{RULE}.allowed"));
-    let released = envoy.stat(&format!("wasmcustom.ratelimit.{RULE}.released"));
+    let allowed = envoy.stat(&host.stat(&format!("{RULE}.allowed")));
+    let released = envoy.stat(&host.stat(&format!("{RULE}.released")));
     // An answer that found its client gone is released without being counted allowed.
     assert!(
         released >= allowed && allowed > 0,
@@ -308,14 +319,13 @@ fn no_slot_leaks_after_thousands_of_requests_ending_every_way() {
     });
 }
 
-#[test]
-fn the_slots_of_a_killed_envoy_come_back_after_max_duration() {
+fn the_slots_of_a_killed_envoy_come_back_after_max_duration(host: FilterHost) {
     let redis = Redis::start();
     let shim = Shim::start(&redis.url(), &[]);
     let upstream = Upstream::start();
     let config = concurrency_config(2, "2s");
-    let mut doomed = start_envoy(&shim, &config, &upstream);
-    let survivor = start_envoy(&shim, &config, &upstream);
+    let mut doomed = start_envoy(host, &shim, &config, &upstream);
+    let survivor = start_envoy(host, &shim, &config, &upstream);
     let held = [hold(&doomed, "k", "x"), hold(&doomed, "k", "y")];
     wait_until("both slots held", Duration::from_secs(20), || {
         upstream.received("x") && upstream.received("y")
@@ -423,15 +433,14 @@ fn the_script_takes_a_slot_per_admission_releases_it_by_id_and_stays_all_or_noth
     assert_eq!(post(&check_url, &[], &checks_body(&[costly])).status, 400);
 }
 
-#[test]
-fn a_local_concurrency_limit_holds_in_one_envoy_and_leaks_no_slot() {
+fn a_local_concurrency_limit_holds_in_one_envoy_and_leaks_no_slot(host: FilterHost) {
     const LIMIT: u64 = 3;
     let redis = Redis::start();
     let shim = Shim::start(&redis.url(), &[]);
     let upstream = std::sync::Arc::new(Upstream::start());
     let mut config = concurrency_config(LIMIT, "60s");
     config["rules"][0]["scope"] = json!("local");
-    let envoy = std::sync::Arc::new(start_envoy(&shim, &config, &upstream));
+    let envoy = std::sync::Arc::new(start_envoy(host, &shim, &config, &upstream));
     let held: Vec<JoinHandle<Reply>> = (0..LIMIT)
         .map(|i| hold(&envoy, "k", &format!("local-{i}")))
         .collect();
@@ -448,7 +457,7 @@ fn a_local_concurrency_limit_holds_in_one_envoy_and_leaks_no_slot() {
     assert_eq!(slots_in_redis(&redis), 0, "a local limit never reaches Redis");
     upstream.release("local-0");
     wait_until("one slot free again", Duration::from_secs(10), || {
-        envoy.stat(&format!("wasmcustom.ratelimit.{RULE}.released")) == 1
+        envoy.stat(&host.stat(&format!("{RULE}.released"))) == 1
     });
     let next = hold(&envoy, "k", "local-next");
     wait_until("the next request held", Duration::from_secs(20), || {
@@ -477,7 +486,7 @@ fn a_local_concurrency_limit_holds_in_one_envoy_and_leaks_no_slot() {
     for worker in workers {
         worker.join().unwrap();
     }
-    let stat = |name: &str| envoy.stat(&format!("wasmcustom.ratelimit.{RULE}.{name}"));
+    let stat = |name: &str| envoy.stat(&host.stat(&format!("{RULE}.{name}")));
     wait_until("every local slot released", Duration::from_secs(15), || {
         stat("released") == stat("allowed")
     });
@@ -500,12 +509,11 @@ fn a_local_concurrency_limit_holds_in_one_envoy_and_leaks_no_slot() {
 // docs/OPERATIONS.md, "When Redis loses its data": the slots of requests in flight are
 // forgotten, so as many again are admitted until those end; their releases then free
 // nothing that a newer request holds.
-#[test]
-fn after_redis_loses_its_data_a_limit_admits_up_to_twice_until_the_forgotten_requests_end() {
+fn after_redis_loses_its_data_a_limit_admits_up_to_twice_until_the_forgotten_requests_end(host: FilterHost) {
     let redis = Redis::start();
     let shim = Shim::start(&redis.url(), &[]);
     let upstream = Upstream::start();
-    let envoy = start_envoy(&shim, &concurrency_config(2, "60s"), &upstream);
+    let envoy = start_envoy(host, &shim, &concurrency_config(2, "60s"), &upstream);
     let before: Vec<JoinHandle<Reply>> = ["a", "b"].iter().map(|name| hold(&envoy, "team", name)).collect();
     wait_until("two held", Duration::from_secs(20), || upstream.in_flight() == 2);
     assert_eq!(slots_in_redis(&redis), 2);
@@ -523,7 +531,7 @@ fn after_redis_loses_its_data_a_limit_admits_up_to_twice_until_the_forgotten_req
     for reply in before {
         assert_eq!(reply.join().unwrap().status, 200);
     }
-    let released = format!("wasmcustom.ratelimit.{RULE}.released");
+    let released = host.stat(&format!("{RULE}.released"));
     wait_until("two releases", Duration::from_secs(20), || {
         envoy.stat(&released) == 2
     });

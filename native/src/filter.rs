@@ -89,13 +89,16 @@ impl Filter {
             if reads_body {
                 self.ask_for_a_readable_body();
             }
+            // Paused before the worker runs, so that a call it makes now for this
+            // request is carried by this stream.
+            worker.host.streams.borrow_mut().paused(self.id);
             let transition = self.request.start(worker, planned, worker.host.now_ms());
             match worker.proceed(&self.request, transition) {
-                Flow::Continue => abi::HEADERS_CONTINUE,
-                Flow::Pause => {
-                    worker.host.streams.borrow_mut().paused(self.id);
-                    abi::HEADERS_STOP_ITERATION
+                Flow::Continue => {
+                    worker.host.streams.borrow_mut().unpaused(self.id);
+                    abi::HEADERS_CONTINUE
                 }
+                Flow::Pause => abi::HEADERS_STOP_ITERATION,
             }
         })
     }
@@ -150,11 +153,20 @@ impl Filter {
         self.worker.host.streams.borrow_mut().ended(self.id);
         self.in_hook(true, |worker| {
             self.request.end_stream(worker);
-            let owed = std::mem::take(&mut worker.host.streams.borrow_mut().wake_owed);
-            if owed {
-                worker.on_wake();
-            }
+            self.wake_if_stranded(worker);
         });
+    }
+
+    /// A wake-up the worker counts on that no stream will deliver (none was left, or it
+    /// went through this one, which ended): the worker runs now instead, in this hook.
+    fn wake_if_stranded(&self, worker: &Worker) {
+        let mut streams = worker.host.streams.borrow_mut();
+        if streams.wake_owed || streams.wake_via == Some(self.id) {
+            streams.wake_owed = false;
+            streams.wake_via = None;
+            drop(streams);
+            worker.on_wake();
+        }
     }
 
     /// The filter is going away: the calls this stream carried end with it (their
@@ -180,6 +192,7 @@ impl Filter {
                     .host
                     .log(LogLevel::Warn, "cannot wake the worker's dispatcher");
             }
+            self.wake_if_stranded(worker);
         });
     }
 

@@ -154,21 +154,16 @@ impl Streams {
     }
 
     /// The stream to carry a call: a callout ends with its stream, so the one paused
-    /// last (it waits the longest from now on), else the hook's own; never one that
-    /// ended (`None`: the main thread carries it).
+    /// last (it waits the longest from now on), never one that ended. `None` when no
+    /// request waits: the call holds only what streams gave back or settled, and the
+    /// main thread carries it (a stream merely passing by may end before its answer).
     pub fn carrier(&self) -> Option<(u64, Stream)> {
-        let paused = self
-            .live
+        self.live
             .iter()
             .filter(|(_, entry)| !entry.ended)
             .filter_map(|(id, entry)| Some((entry.paused_at?, *id, entry.stream)))
             .max_by_key(|(at, _, _)| *at)
-            .map(|(_, id, stream)| (id, stream));
-        paused.or_else(|| {
-            let own = self.own?;
-            let entry = self.live.get(&own).filter(|entry| !entry.ended)?;
-            Some((own, entry.stream))
-        })
+            .map(|(_, id, stream)| (id, stream))
     }
 
     /// A token for a call, unique on this worker's host whoever carries it.
@@ -216,7 +211,7 @@ mod tests {
     }
 
     #[test]
-    fn the_stream_paused_last_carries_a_call_else_the_hooks_own() {
+    fn the_stream_paused_last_carries_a_call_else_the_main_thread() {
         let mut streams = Streams::default();
         for id in 1..=3 {
             streams.register(id, stream(id as usize));
@@ -224,8 +219,8 @@ mod tests {
         streams.enter_hook(Some(2));
         assert_eq!(
             streams.carrier().map(|(id, _)| id),
-            Some(2),
-            "none paused: the hook's own"
+            None,
+            "none paused, not even the hook's own"
         );
         streams.paused(1);
         streams.paused(3);
@@ -240,10 +235,15 @@ mod tests {
         streams.register(1, stream(1));
         streams.register(2, stream(2));
         streams.paused(1);
+        streams.paused(2);
         streams.enter_hook(Some(2));
-        streams.ended(1);
-        assert_eq!(streams.carrier().map(|(id, _)| id), Some(2), "the hook's own");
         streams.ended(2);
+        assert_eq!(
+            streams.carrier().map(|(id, _)| id),
+            Some(1),
+            "paused earlier, not ended"
+        );
+        streams.ended(1);
         assert_eq!(streams.carrier().map(|(id, _)| id), None, "the main thread's");
         assert_eq!(streams.any_lasting(Some(2)), None);
         streams.register(3, stream(3));

@@ -57,7 +57,24 @@ impl FilterHost {
 
     /// As [`envoy_config`], with the filter on this host.
     pub fn envoy_config(self, shim_port: u16, plugin_config: &Value) -> Value {
-        let mut config = envoy_config(shim_port, plugin_config);
+        self.in_place(envoy_config(shim_port, plugin_config), plugin_config)
+    }
+
+    /// As [`envoy_config_to_upstream`], with the filter on this host.
+    pub fn envoy_config_to_upstream(
+        self,
+        shim_port: u16,
+        plugin_config: &Value,
+        upstream_port: u16,
+    ) -> Value {
+        self.in_place(
+            envoy_config_to_upstream(shim_port, plugin_config, upstream_port),
+            plugin_config,
+        )
+    }
+
+    /// `config` with this host's filter in the place of its first.
+    fn in_place(self, mut config: Value, plugin_config: &Value) -> Value {
         let manager =
             &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
         manager["http_filters"][0] = self.filter(plugin_config);
