@@ -7,7 +7,8 @@
 //! rule's `unreported_cost`, counted; nothing the client sends makes it cheaper (gzip, a
 //! range, going away mid-response); debt stays within its bound per counter however
 //! many responses report at once; reading bodies costs Envoy no memory per byte; a
-//! settlement lost with its call (the shim gone) is counted.
+//! settlement lost with its call (the shim gone) is counted. Those in `on_both_hosts!`
+//! run on the `.wasm` and on the dynamic module.
 
 mod support;
 
@@ -59,8 +60,8 @@ fn plugin_config() -> Value {
 }
 
 /// The test bootstrap with every route going to the upstream, which may send trailers.
-fn bootstrap(shim_port: u16, upstream_port: u16, plugin_config: &Value) -> Value {
-    let mut config = envoy_config(shim_port, plugin_config);
+fn bootstrap(host: FilterHost, shim_port: u16, upstream_port: u16, plugin_config: &Value) -> Value {
+    let mut config = host.envoy_config(shim_port, plugin_config);
     let manager =
         &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
     manager["route_config"]["virtual_hosts"][0]["routes"] =
@@ -86,24 +87,32 @@ struct LlmStack {
     _shim: Shim,
     _upstream: Upstream,
     envoy: Envoy,
+    host: FilterHost,
 }
 
 impl LlmStack {
     fn start() -> LlmStack {
-        LlmStack::start_with(&plugin_config(), 2)
+        LlmStack::start_on(FilterHost::Wasm)
     }
 
-    fn start_with(plugin_config: &Value, workers: u32) -> LlmStack {
+    fn start_on(host: FilterHost) -> LlmStack {
+        LlmStack::start_with(host, &plugin_config(), 2)
+    }
+
+    fn start_with(host: FilterHost, plugin_config: &Value, workers: u32) -> LlmStack {
         let redis = Redis::start();
         let shim = Shim::start(&redis.url(), &[]);
         let upstream = Upstream::start();
-        let envoy =
-            Envoy::start_bootstrap_with_workers(&bootstrap(shim.port, upstream.port, plugin_config), workers);
+        let envoy = Envoy::start_bootstrap_with_workers(
+            &bootstrap(host, shim.port, upstream.port, plugin_config),
+            workers,
+        );
         LlmStack {
             redis,
             _shim: shim,
             _upstream: upstream,
             envoy,
+            host,
         }
     }
 
@@ -149,13 +158,24 @@ impl LlmStack {
     }
 
     fn stat(&self, rule: &str, stat: &str) -> u64 {
-        self.envoy.stat(&format!("wasmcustom.ratelimit.{rule}.{stat}"))
+        self.envoy.stat(&self.host.stat(&format!("{rule}.{stat}")))
     }
 }
 
-#[test]
-fn each_source_settles_the_reported_cost_in_the_same_counter() {
-    let stack = LlmStack::start();
+on_both_hosts!(
+    each_source_settles_the_reported_cost_in_the_same_counter,
+    a_cost_below_the_estimate_is_given_back_and_one_above_the_limit_is_debt,
+    a_window_counts_past_its_limit_until_it_ends,
+    a_response_without_a_cost_keeps_the_estimate_and_is_counted,
+    a_client_that_goes_away_mid_response_is_still_settled,
+    a_stream_read_by_the_official_openai_client_is_charged_its_weighted_usage,
+    nothing_the_client_sends_makes_the_response_cheaper,
+    debt_stays_within_its_bound_per_counter_however_many_responses_report_at_once,
+    a_path_through_an_array_settles_and_a_repeated_header_counts_its_largest_value,
+);
+
+fn each_source_settles_the_reported_cost_in_the_same_counter(host: FilterHost) {
+    let stack = LlmStack::start_on(host);
     for (rule, path, report) in [
         ("by-header", "/header", "header"),
         ("by-trailer", "/trailer", "trailer"),
@@ -184,9 +204,8 @@ fn each_source_settles_the_reported_cost_in_the_same_counter() {
     }
 }
 
-#[test]
-fn a_cost_below_the_estimate_is_given_back_and_one_above_the_limit_is_debt() {
-    let stack = LlmStack::start();
+fn a_cost_below_the_estimate_is_given_back_and_one_above_the_limit_is_debt(host: FilterHost) {
+    let stack = LlmStack::start_on(host);
     let cheap = stack.ask("/header", "cheap", "header", 10);
     assert_eq!(cheap.status, 200, "{}", cheap.body);
     // 100 charged, 90 given back: 10 tokens, 600 ms of the bucket.
@@ -231,9 +250,8 @@ fn a_cost_below_the_estimate_is_given_back_and_one_above_the_limit_is_debt() {
     );
 }
 
-#[test]
-fn a_window_counts_past_its_limit_until_it_ends() {
-    let stack = LlmStack::start();
+fn a_window_counts_past_its_limit_until_it_ends(host: FilterHost) {
+    let stack = LlmStack::start_on(host);
     let admitted = stack.ask("/window", "w", "header", 1_200);
     assert_eq!(admitted.status, 200, "{}", admitted.body);
     let key = stack.key("by-window");
@@ -253,9 +271,8 @@ fn a_window_counts_past_its_limit_until_it_ends() {
     );
 }
 
-#[test]
-fn a_response_without_a_cost_keeps_the_estimate_and_is_counted() {
-    let stack = LlmStack::start();
+fn a_response_without_a_cost_keeps_the_estimate_and_is_counted(host: FilterHost) {
+    let stack = LlmStack::start_on(host);
     for (rule, path) in [
         ("by-header", "/header"),
         ("by-trailer", "/trailer"),
@@ -276,9 +293,8 @@ fn a_response_without_a_cost_keeps_the_estimate_and_is_counted() {
     }
 }
 
-#[test]
-fn a_client_that_goes_away_mid_response_is_still_settled() {
-    let stack = LlmStack::start();
+fn a_client_that_goes_away_mid_response_is_still_settled(host: FilterHost) {
+    let stack = LlmStack::start_on(host);
     let agent = agent();
     let response = agent
         .get(&stack.envoy.url("/header"))
@@ -301,7 +317,12 @@ fn a_settlement_lost_with_its_call_is_counted() {
     let redis = Redis::start();
     let mut shim = Shim::start(&redis.url(), &[]);
     let upstream = Upstream::start();
-    let envoy = Envoy::start_bootstrap(&bootstrap(shim.port, upstream.port, &plugin_config()));
+    let envoy = Envoy::start_bootstrap(&bootstrap(
+        FilterHost::Wasm,
+        shim.port,
+        upstream.port,
+        &plugin_config(),
+    ));
     let agent = agent();
     let response = agent
         .get(&envoy.url("/header"))
@@ -325,9 +346,8 @@ fn a_settlement_lost_with_its_call_is_counted() {
     assert!(taken_ms <= ESTIMATE * MS_PER_TOKEN, "{taken_ms}");
 }
 
-#[test]
-fn a_stream_read_by_the_official_openai_client_is_charged_its_weighted_usage() {
-    let stack = LlmStack::start();
+fn a_stream_read_by_the_official_openai_client_is_charged_its_weighted_usage(host: FilterHost) {
+    let stack = LlmStack::start_on(host);
     let output = Command::new(repo_root().join(".venv/bin/python"))
         .arg(repo_root().join("tests/clients/openai_stream.py"))
         .args([&stack.envoy.url("/stream/v1"), "streamer", "300", "9"])
@@ -369,9 +389,8 @@ fn a_stream_read_by_the_official_openai_client_is_charged_its_weighted_usage() {
     assert!(stack.taken_ms(&stack.key("by-anthropic")) <= 520 * MS_PER_TOKEN);
 }
 
-#[test]
-fn nothing_the_client_sends_makes_the_response_cheaper() {
-    let stack = LlmStack::start();
+fn nothing_the_client_sends_makes_the_response_cheaper(host: FilterHost) {
+    let stack = LlmStack::start_on(host);
     // It accepts gzip, as a content or a transfer coding: the upstream is asked for identity, so the body stays readable.
     let gzip = stack.ask_with(
         "/priced",
@@ -417,9 +436,8 @@ fn nothing_the_client_sends_makes_the_response_cheaper() {
     );
 }
 
-#[test]
-fn debt_stays_within_its_bound_per_counter_however_many_responses_report_at_once() {
-    let stack = LlmStack::start();
+fn debt_stays_within_its_bound_per_counter_however_many_responses_report_at_once(host: FilterHost) {
+    let stack = LlmStack::start_on(host);
     // Ten requests admitted at once on 10 a minute, each reporting ~1e20 tokens.
     let barrier = std::sync::Barrier::new(10);
     let replies: Vec<u16> = std::thread::scope(|scope| {
@@ -506,7 +524,7 @@ fn reading_bodies_costs_envoy_no_memory_per_byte_and_a_worker_budget_bounds_the_
         "rules": [rule("priced", "/priced", "token_bucket",
             json!({ "json_field": "usage.total_tokens", "unreported_cost": UNREPORTED }))] });
     config["rules"][0]["limit"] = json!(100_000);
-    let stack = LlmStack::start_with(&config, 1);
+    let stack = LlmStack::start_with(FilterHost::Wasm, &config, 1);
     let agent = agent();
     let held: Vec<_> = (0..8)
         .map(|i| {
@@ -577,9 +595,8 @@ fn mistakes_that_can_never_work_are_refused_when_envoy_loads_them() {
     );
 }
 
-#[test]
-fn a_path_through_an_array_settles_and_a_repeated_header_counts_its_largest_value() {
-    let stack = LlmStack::start();
+fn a_path_through_an_array_settles_and_a_repeated_header_counts_its_largest_value(host: FilterHost) {
+    let stack = LlmStack::start_on(host);
     let admitted = stack.ask("/index", "indexed", "json", 600);
     assert_eq!(admitted.status, 200, "{}", admitted.body);
     stack.wait_settled("by-index", |taken_ms| taken_ms > 30_000);

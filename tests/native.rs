@@ -120,6 +120,12 @@ fn a_bad_configuration_is_refused_when_envoy_loads_it_naming_the_field() {
         (rule(json!({ "period": "soon" })), "period"),
         (json!({ "rules": [] }), "shim_cluster"),
         (json!("not json"), "invalid plugin configuration"),
+        (
+            rule(
+                json!({ "cost_from_response": { "token_usage": { "fields": [{ "path": "input_tokens" }] } } }),
+            ),
+            "rules[0].cost_from_response.token_usage",
+        ),
     ] {
         let (ok, output) = FilterHost::Native.validate_plugin(&config);
         assert!(!ok, "accepted {config}:\n{output}");

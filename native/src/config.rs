@@ -12,7 +12,7 @@ use crate::main_thread::MainThreadCalls;
 use crate::native_host::{NativeHost, Worker};
 use crate::slots::ProcessSlots;
 use crate::stats::Defined;
-use ratelimit_wasm::config::FilterConfig;
+use ratelimit_wasm::config::{CostSource, FilterConfig};
 use ratelimit_wasm::local::create_slots;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -40,6 +40,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub fn load(config_envoy: EnvoyConfig, bytes: &[u8]) -> Result<ModuleConfig, String> {
     let config =
         FilterConfig::from_json(bytes).map_err(|error| format!("invalid plugin configuration: {error}"))?;
+    refuse_what_this_host_cannot_read(&config)
+        .map_err(|error| format!("invalid plugin configuration: {error}"))?;
     create_slots(&ProcessSlots, config.local_slots)
         .map_err(|_| "cannot create the local slot table".to_string())?;
     envoy::log(
@@ -60,6 +62,21 @@ pub fn load(config_envoy: EnvoyConfig, bytes: &[u8]) -> Result<ModuleConfig, Str
         main_thread: Arc::new(MainThreadCalls::new(config_envoy.new_scheduler())),
         closed: AtomicBool::new(false),
     })
+}
+
+/// A cost from Envoy's token-usage metadata: the AI protocol manager publishes it as
+/// typed filter metadata, which the ABI cannot read (only dynamic metadata's values),
+/// so every response would be charged its `unreported_cost`.
+fn refuse_what_this_host_cannot_read(config: &FilterConfig) -> Result<(), String> {
+    for (index, rule) in config.rules.iter().enumerate() {
+        let source = rule.cost_from_response.as_ref().map(|cost| &cost.source);
+        if matches!(source, Some(CostSource::TokenUsage(_))) {
+            return Err(format!(
+                "rules[{index}].cost_from_response.token_usage: the dynamic module cannot read Envoy's typed token-usage metadata; use the Wasm filter, or json_fields"
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl ModuleConfig {
