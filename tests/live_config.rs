@@ -95,11 +95,12 @@ impl Load {
     }
 }
 
-#[test]
-fn rules_change_live_under_load_and_a_broken_change_is_refused() {
+on_both_hosts!(rules_change_live_under_load_and_a_broken_change_is_refused);
+
+fn rules_change_live_under_load_and_a_broken_change_is_refused(host: FilterHost) {
     let redis = Redis::start();
     let shim = Shim::start(&redis.url(), &[]);
-    let mut lds = LdsEnvoy::start(shim.port, &policy(5, "10m"));
+    let mut lds = LdsEnvoy::start_on(host, shim.port, &policy(5, "10m"), 2, 1);
     let url = lds.envoy.url("/");
     // Every assertion uses a new connection: one opened before a swap may still be served
     // by the previous filter chain until it drains.

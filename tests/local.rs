@@ -1,5 +1,6 @@
 //! The local layer in real Envoy (two worker threads): local buckets in shared data, the
-//! bounded slot table, the deny cache, token leases, failure modes and the filter's stats.
+//! bounded slot table, the deny cache, token leases, failure modes and the filter's stats;
+//! those in `on_both_hosts!` on the `.wasm` and on the dynamic module.
 
 mod support;
 
@@ -16,8 +17,8 @@ fn config(rules: Value) -> Value {
 
 /// Envoy with one local rule of `limit` per hour on `x-api-key`, and no shim at all:
 /// failing closed, any shim call would show as a 503.
-fn envoy_with_local_rule(limit: u64) -> Envoy {
-    Envoy::start(
+fn envoy_with_local_rule(host: FilterHost, limit: u64) -> Envoy {
+    host.start_envoy(
         refusing_port(),
         &config(
             json!([{ "name": "local", "scope": "local", "key": [{ "header": "x-api-key" }],
@@ -26,22 +27,32 @@ fn envoy_with_local_rule(limit: u64) -> Envoy {
     )
 }
 
-#[test]
-fn a_local_rule_admits_exactly_its_limit_across_worker_threads_without_the_shim() {
-    let envoy = envoy_with_local_rule(10);
+on_both_hosts!(
+    a_local_rule_admits_exactly_its_limit_across_worker_threads_without_the_shim,
+    an_abusive_client_costs_no_shim_calls_after_its_first_refusal,
+    leases_cut_shim_calls_and_bound_over_admission_across_two_envoys,
+    killing_and_restarting_redis_applies_each_failure_mode_then_recovers,
+    killing_and_restarting_the_shim_applies_each_failure_mode_then_recovers,
+    a_shim_slower_than_the_timeout_applies_each_failure_mode,
+    traffic_during_a_redis_outage_never_hangs,
+    a_shim_cluster_with_no_healthy_endpoint_applies_each_failure_mode,
+);
+
+fn a_local_rule_admits_exactly_its_limit_across_worker_threads_without_the_shim(host: FilterHost) {
+    let envoy = envoy_with_local_rule(host, 10);
     let url = envoy.url("/");
     let replies = concurrently(40, move |_| get(&url, &[("x-api-key", "k")]));
     assert_eq!(count_status(&replies, 200), 10, "{replies:?}");
     assert_eq!(count_status(&replies, 429), 30);
-    assert_eq!(envoy.stat("wasmcustom.ratelimit.local.shim_checks"), 0);
-    assert_eq!(envoy.stat("wasmcustom.ratelimit.local.denied_locally"), 30);
+    assert_eq!(envoy.stat(&host.stat("local.shim_checks")), 0);
+    assert_eq!(envoy.stat(&host.stat("local.denied_locally")), 30);
 }
 
 #[test]
 fn a_flood_of_distinct_keys_does_not_grow_envoys_memory() {
     const KEYS: usize = 100_000;
     const THREADS: usize = 8;
-    let envoy = envoy_with_local_rule(5);
+    let envoy = envoy_with_local_rule(FilterHost::Wasm, 5);
     let url = envoy.url("/");
     for i in 0..2_000 {
         assert_ne!(get(&url, &[("x-api-key", &format!("warm-{i}"))]).status, 0);
@@ -74,11 +85,13 @@ fn a_flood_of_distinct_keys_does_not_grow_envoys_memory() {
     );
 }
 
-#[test]
-fn an_abusive_client_costs_no_shim_calls_after_its_first_refusal() {
-    let stack = Stack::start(&config(json!([
-        { "name": "per-key", "key": [{ "header": "x-api-key" }], "limit": 3, "period": "1m" }
-    ])));
+fn an_abusive_client_costs_no_shim_calls_after_its_first_refusal(host: FilterHost) {
+    let stack = Stack::start_on(
+        host,
+        &config(json!([
+            { "name": "per-key", "key": [{ "header": "x-api-key" }], "limit": 3, "period": "1m" }
+        ])),
+    );
     let url = stack.envoy.url("/");
     let statuses: Vec<u16> = (0..30)
         .map(|_| get(&url, &[("x-api-key", "abuser")]).status)
@@ -89,17 +102,13 @@ fn an_abusive_client_costs_no_shim_calls_after_its_first_refusal() {
     assert!(refused.number("retry-after") >= 1);
     // 3 admitted by the shim, the last of them leaving no token: every later request
     // (27 more, then one) was refused from the deny cache without asking the shim.
-    assert_eq!(stack.envoy.stat("wasmcustom.ratelimit.per-key.shim_checks"), 3);
-    assert_eq!(
-        stack.envoy.stat("wasmcustom.ratelimit.per-key.deny_cache_hits"),
-        28
-    );
+    assert_eq!(stack.envoy.stat(&host.stat("per-key.shim_checks")), 3);
+    assert_eq!(stack.envoy.stat(&host.stat("per-key.deny_cache_hits")), 28);
     // A polite client is unaffected.
     assert_eq!(get(&url, &[("x-api-key", "polite")]).status, 200);
 }
 
-#[test]
-fn leases_cut_shim_calls_and_bound_over_admission_across_two_envoys() {
+fn leases_cut_shim_calls_and_bound_over_admission_across_two_envoys(host: FilterHost) {
     const LIMIT: usize = 60;
     const LEASE: usize = 10;
     let redis = Redis::start();
@@ -108,7 +117,10 @@ fn leases_cut_shim_calls_and_bound_over_admission_across_two_envoys() {
         json!([{ "name": "leased", "key": [{ "header": "x-api-key" }], "limit": LIMIT,
                                   "period": "1h", "lease": { "size": LEASE, "ttl": "1m" } }]),
     );
-    let envoys = [Envoy::start(shim.port, &config), Envoy::start(shim.port, &config)];
+    let envoys = [
+        host.start_envoy(shim.port, &config),
+        host.start_envoy(shim.port, &config),
+    ];
     let urls = [envoys[0].url("/"), envoys[1].url("/")];
     let mut admitted = 0;
     for i in 0..2 * LIMIT {
@@ -116,11 +128,11 @@ fn leases_cut_shim_calls_and_bound_over_admission_across_two_envoys() {
     }
     let calls: u64 = envoys
         .iter()
-        .map(|e| e.stat("wasmcustom.ratelimit.leased.shim_checks"))
+        .map(|e| e.stat(&host.stat("leased.shim_checks")))
         .sum();
     let lease_hits: u64 = envoys
         .iter()
-        .map(|e| e.stat("wasmcustom.ratelimit.leased.lease_hits"))
+        .map(|e| e.stat(&host.stat("leased.lease_hits")))
         .sum();
     eprintln!(
         "leases: {admitted} admitted of {} requests, {calls} shim calls, {lease_hits} served from leases",
@@ -225,9 +237,8 @@ fn assert_recovered(envoy: &Envoy) {
     });
 }
 
-#[test]
-fn killing_and_restarting_redis_applies_each_failure_mode_then_recovers() {
-    let mut stack = Stack::start(&failure_mode_config("1s"));
+fn killing_and_restarting_redis_applies_each_failure_mode_then_recovers(host: FilterHost) {
+    let mut stack = Stack::start_on(host, &failure_mode_config("1s"));
     assert_eq!(get(&stack.envoy.url("/"), &[("x-closed", "before")]).status, 200);
     stack.redis.stop();
     assert_failure_modes(&stack.envoy, "redis-down", &[200, 200, 200, 429]);
@@ -235,29 +246,26 @@ fn killing_and_restarting_redis_applies_each_failure_mode_then_recovers() {
     assert_recovered(&stack.envoy);
 }
 
-#[test]
-fn killing_and_restarting_the_shim_applies_each_failure_mode_then_recovers() {
-    let mut stack = Stack::start_restartable(&failure_mode_config("1s"));
+fn killing_and_restarting_the_shim_applies_each_failure_mode_then_recovers(host: FilterHost) {
+    let mut stack = Stack::start_restartable_on(host, &failure_mode_config("1s"));
     stack.shim.kill();
     assert_failure_modes(&stack.envoy, "shim-down", &[200, 200, 200, 429]);
     stack.shim.restart();
     assert_recovered(&stack.envoy);
 }
 
-#[test]
-fn a_shim_slower_than_the_timeout_applies_each_failure_mode() {
+fn a_shim_slower_than_the_timeout_applies_each_failure_mode(host: FilterHost) {
     let (port, stop) = blackhole();
-    let envoy = Envoy::start(port, &failure_mode_config("200ms"));
+    let envoy = host.start_envoy(port, &failure_mode_config("200ms"));
     assert_failure_modes(&envoy, "slow", &[200, 200, 200, 429]);
-    assert!(envoy.stat("wasmcustom.ratelimit.closed.shim_timeouts") >= 1);
-    assert!(envoy.stat("wasmcustom.ratelimit.closed.failed_closed") >= 1);
-    assert!(envoy.stat("wasmcustom.ratelimit.open.failed_open") >= 1);
+    assert!(envoy.stat(&host.stat("closed.shim_timeouts")) >= 1);
+    assert!(envoy.stat(&host.stat("closed.failed_closed")) >= 1);
+    assert!(envoy.stat(&host.stat("open.failed_open")) >= 1);
     stop.store(true, Ordering::Relaxed);
 }
 
-#[test]
-fn traffic_during_a_redis_outage_never_hangs() {
-    let mut stack = Stack::start(&failure_mode_config("300ms"));
+fn traffic_during_a_redis_outage_never_hangs(host: FilterHost) {
+    let mut stack = Stack::start_on(host, &failure_mode_config("300ms"));
     let url = stack.envoy.url("/");
     let running = Arc::new(AtomicBool::new(true));
     let senders: Vec<_> = (0..4)
@@ -277,16 +285,16 @@ fn traffic_during_a_redis_outage_never_hangs() {
         })
         .collect();
     wait_until("traffic", Duration::from_secs(5), || {
-        stack.envoy.stat("wasmcustom.ratelimit.closed.allowed") > 20
+        stack.envoy.stat(&host.stat("closed.allowed")) > 20
     });
     stack.redis.stop();
     wait_until("refusals while Redis is down", Duration::from_secs(5), || {
-        stack.envoy.stat("wasmcustom.ratelimit.closed.failed_closed") > 20
+        stack.envoy.stat(&host.stat("closed.failed_closed")) > 20
     });
     stack.redis.restart();
-    let allowed_before = stack.envoy.stat("wasmcustom.ratelimit.closed.allowed");
+    let allowed_before = stack.envoy.stat(&host.stat("closed.allowed"));
     wait_until("admissions after Redis returns", Duration::from_secs(10), || {
-        stack.envoy.stat("wasmcustom.ratelimit.closed.allowed") > allowed_before + 20
+        stack.envoy.stat(&host.stat("closed.allowed")) > allowed_before + 20
     });
     running.store(false, Ordering::Relaxed);
     let statuses: Vec<(u16, Duration)> = senders.into_iter().flat_map(|h| h.join().unwrap()).collect();
@@ -298,9 +306,8 @@ fn traffic_during_a_redis_outage_never_hangs() {
     assert!(slowest < NOT_HUNG, "a request took {slowest:?}");
 }
 
-#[test]
-fn a_shim_cluster_with_no_healthy_endpoint_applies_each_failure_mode() {
-    let mut bootstrap = envoy_config(refusing_port(), &failure_mode_config("500ms"));
+fn a_shim_cluster_with_no_healthy_endpoint_applies_each_failure_mode(host: FilterHost) {
+    let mut bootstrap = host.envoy_config(refusing_port(), &failure_mode_config("500ms"));
     let cluster = &mut bootstrap["static_resources"]["clusters"][0];
     cluster["health_checks"] = json!([{ "timeout": "0.1s", "interval": "0.2s", "unhealthy_threshold": 1,
                                         "healthy_threshold": 1, "tcp_health_check": {} }]);

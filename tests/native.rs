@@ -308,29 +308,6 @@ fn with_the_shim_silent_each_failure_mode_answers_once_the_timeout_passes() {
 }
 
 #[test]
-fn a_local_rule_counts_exactly_across_the_worker_threads_in_the_process_wide_table() {
-    // No shim at all: the local layer alone decides, in the slot table every worker
-    // thread shares (two workers, one process).
-    let config = json!({
-        "shim_cluster": "ratelimit_shim",
-        "rules": [{ "name": "per-envoy", "scope": "local", "key": [{ "header": "x-api-key" }],
-                    "limit": 10, "period": "1h" }]
-    });
-    let envoy = FilterHost::Native.start_envoy(refusing_port(), &config);
-    let url = envoy.url("/");
-    let replies = concurrently(40, move |_| get(&url, &[("x-api-key", "local")]));
-    assert_eq!(count_status(&replies, 200), 10, "{replies:?}");
-    assert_eq!(count_status(&replies, 429), 30, "{replies:?}");
-}
-
-/// As tests/cost_from_response.rs's: 1,000 tokens a minute (60 ms a token), an estimate
-/// of 100, the cost read from the response.
-fn cost_rule(name: &str, path: &str, source: Value) -> Value {
-    json!({ "name": name, "match": { "path_prefix": path }, "key": [{ "header": "x-api-key" }],
-            "limit": 1000, "period": "1m", "cost": 100, "cost_from_response": source })
-}
-
-#[test]
 fn a_responses_reported_cost_is_settled_from_its_header_trailer_or_json_body_with_no_request_after_it() {
     let redis = Redis::start();
     let shim = Shim::start(&redis.url(), &[]);

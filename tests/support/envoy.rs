@@ -406,6 +406,7 @@ pub struct LdsEnvoy {
     version: u32,
     // On a port of its own: the updated listener must be the same address.
     listen: ClaimedPort,
+    host: FilterHost,
 }
 
 /// What Envoy made of a pushed configuration.
@@ -428,12 +429,26 @@ impl LdsEnvoy {
     /// As [`LdsEnvoy::start`], with `workers` worker threads and old connections drained
     /// for at most `drain_seconds`.
     pub fn start_with(shim_port: u16, plugin_config: &Value, workers: u32, drain_seconds: u32) -> LdsEnvoy {
+        LdsEnvoy::start_on(FilterHost::Wasm, shim_port, plugin_config, workers, drain_seconds)
+    }
+
+    /// As [`LdsEnvoy::start_with`], with the filter on `host`.
+    pub fn start_on(
+        host: FilterHost,
+        shim_port: u16,
+        plugin_config: &Value,
+        workers: u32,
+        drain_seconds: u32,
+    ) -> LdsEnvoy {
         let dir = scratch("lds");
         let watched = dir.join("watched");
         fs::create_dir_all(&watched).unwrap();
         let listen = claim_port();
-        write_lds(&dir, &lds_response(shim_port, listen.port, 1, plugin_config));
-        let mut bootstrap = envoy_config(shim_port, plugin_config);
+        write_lds(
+            &dir,
+            &lds_response(host, shim_port, listen.port, 1, plugin_config),
+        );
+        let mut bootstrap = host.envoy_config(shim_port, plugin_config);
         bootstrap["static_resources"]["listeners"] = json!([]);
         bootstrap["node"] = json!({ "id": "test", "cluster": "test" });
         bootstrap["dynamic_resources"] = json!({ "lds_config": {
@@ -455,6 +470,7 @@ impl LdsEnvoy {
             shim_port,
             version: 1,
             listen,
+            host,
         }
     }
 
@@ -464,7 +480,13 @@ impl LdsEnvoy {
         let stat = |name: &str| self.envoy.stat(&format!("listener_manager.{name}"));
         let (accepted, rejected) = (stat("lds.update_success"), stat("lds.update_rejected"));
         self.version += 1;
-        let response = lds_response(self.shim_port, self.listen.port, self.version, plugin_config);
+        let response = lds_response(
+            self.host,
+            self.shim_port,
+            self.listen.port,
+            self.version,
+            plugin_config,
+        );
         write_lds(&self.dir, &response);
         let mut outcome = None;
         wait_until("Envoy's verdict on the pushed listener", STARTUP, || {
@@ -482,8 +504,9 @@ impl LdsEnvoy {
 }
 
 /// An LDS response holding the test listener, serving `plugin_config`, on `port`.
-fn lds_response(shim_port: u16, port: u16, version: u32, plugin_config: &Value) -> Value {
-    let mut listener = envoy_config(shim_port, plugin_config)["static_resources"]["listeners"][0].clone();
+fn lds_response(host: FilterHost, shim_port: u16, port: u16, version: u32, plugin_config: &Value) -> Value {
+    let mut listener =
+        host.envoy_config(shim_port, plugin_config)["static_resources"]["listeners"][0].clone();
     listener["@type"] = json!("type.googleapis.com/envoy.config.listener.v3.Listener");
     listener["address"] = loopback(port);
     json!({ "version_info": version.to_string(), "resources": [listener] })

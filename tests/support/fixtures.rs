@@ -43,9 +43,14 @@ impl Stack {
 
     /// As [`Stack::start`], with a shim that can be killed and restarted on its port.
     pub fn start_restartable(plugin_config: &Value) -> Stack {
+        Stack::start_restartable_on(FilterHost::Wasm, plugin_config)
+    }
+
+    /// As [`Stack::start_restartable`], with the filter on `host`.
+    pub fn start_restartable_on(host: FilterHost, plugin_config: &Value) -> Stack {
         let redis = Redis::start();
         let shim = Shim::start_restartable(&redis.url(), &[]);
-        let envoy = Envoy::start(shim.port, plugin_config);
+        let envoy = host.start_envoy(shim.port, plugin_config);
         Stack { redis, shim, envoy }
     }
 }
