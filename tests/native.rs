@@ -307,6 +307,13 @@ fn with_the_shim_silent_each_failure_mode_answers_once_the_timeout_passes() {
     drop(held);
 }
 
+/// As tests/cost_from_response.rs's: 1,000 tokens a minute (60 ms a token), an estimate
+/// of 100, the cost read from the response.
+fn cost_rule(name: &str, path: &str, source: Value) -> Value {
+    json!({ "name": name, "match": { "path_prefix": path }, "key": [{ "header": "x-api-key" }],
+            "limit": 1000, "period": "1m", "cost": 100, "cost_from_response": source })
+}
+
 #[test]
 fn a_responses_reported_cost_is_settled_from_its_header_trailer_or_json_body_with_no_request_after_it() {
     let redis = Redis::start();
