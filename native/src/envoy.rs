@@ -6,6 +6,7 @@ use crate::abi::{
     self, ConfigSchedulerPtr, EnvoyBuffer, EnvoyHeader, FilterConfigEnvoyPtr, FilterEnvoyPtr, ModuleBuffer,
     ModuleHeader, SchedulerPtr,
 };
+use std::ffi::c_void;
 use std::ptr;
 
 /// Logs under Envoy's `dynamic_modules` component; best effort.
@@ -164,25 +165,9 @@ impl Stream {
         body: &[u8],
         timeout_ms: u64,
     ) -> Result<u64, u32> {
-        let mut headers = module_headers(headers);
-        let mut id = 0u64;
-        // SAFETY: live filter; every buffer borrows data alive for the call.
-        let result = unsafe {
-            abi::envoy_dynamic_module_callback_http_filter_http_callout(
-                self.0,
-                &mut id,
-                ModuleBuffer::of(cluster.as_bytes()),
-                headers.as_mut_ptr(),
-                headers.len(),
-                ModuleBuffer::of(body),
-                timeout_ms,
-            )
-        };
-        if result == abi::CALLOUT_INIT_SUCCESS {
-            Ok(id)
-        } else {
-            Err(result)
-        }
+        let start = abi::envoy_dynamic_module_callback_http_filter_http_callout;
+        // SAFETY: a live filter.
+        unsafe { start_callout(start, self.0, cluster, headers, body, timeout_ms) }
     }
 
     /// A scheduler that runs this stream's `scheduled` hook on its worker thread.
@@ -210,12 +195,51 @@ impl Scheduler {
     }
 }
 
-/// Module headers borrowing `headers`, for a callout.
-fn module_headers(headers: &[(&str, &str)]) -> Vec<ModuleHeader> {
-    headers
+/// One of the ABI's two callout functions, a stream's or a configuration's: alike but
+/// for whose pointer they take.
+type StartCallout = unsafe extern "C" fn(
+    *mut c_void,
+    *mut u64,
+    ModuleBuffer,
+    *mut ModuleHeader,
+    usize,
+    ModuleBuffer,
+    u64,
+) -> u32;
+
+/// Starts a callout through `start` for `owner`: its id, or the init result refusing it.
+///
+/// # Safety
+/// `owner` is what `start` takes, alive (a stream's filter; a configuration, on the
+/// main thread).
+unsafe fn start_callout(
+    start: StartCallout,
+    owner: *mut c_void,
+    cluster: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout_ms: u64,
+) -> Result<u64, u32> {
+    let mut headers: Vec<ModuleHeader> = headers
         .iter()
         .map(|(name, value)| ModuleHeader::of(name, value))
-        .collect()
+        .collect();
+    let mut id = 0u64;
+    // Every buffer borrows data alive for the call.
+    let result = start(
+        owner,
+        &mut id,
+        ModuleBuffer::of(cluster.as_bytes()),
+        headers.as_mut_ptr(),
+        headers.len(),
+        ModuleBuffer::of(body),
+        timeout_ms,
+    );
+    if result == abi::CALLOUT_INIT_SUCCESS {
+        Ok(id)
+    } else {
+        Err(result)
+    }
 }
 
 impl EnvoyConfig {
@@ -227,26 +251,9 @@ impl EnvoyConfig {
         body: &[u8],
         timeout_ms: u64,
     ) -> Result<u64, u32> {
-        let mut headers = module_headers(headers);
-        let mut id = 0u64;
-        // SAFETY: a live configuration, on the main thread; every buffer borrows data
-        // alive for the call.
-        let result = unsafe {
-            abi::envoy_dynamic_module_callback_http_filter_config_http_callout(
-                self.0,
-                &mut id,
-                ModuleBuffer::of(cluster.as_bytes()),
-                headers.as_mut_ptr(),
-                headers.len(),
-                ModuleBuffer::of(body),
-                timeout_ms,
-            )
-        };
-        if result == abi::CALLOUT_INIT_SUCCESS {
-            Ok(id)
-        } else {
-            Err(result)
-        }
+        let start = abi::envoy_dynamic_module_callback_http_filter_config_http_callout;
+        // SAFETY: a live configuration, on the main thread.
+        unsafe { start_callout(start, self.0, cluster, headers, body, timeout_ms) }
     }
 
     /// A scheduler of main-thread events for this configuration (call it in its
