@@ -17,6 +17,17 @@ a fourth, the peer a user would pick instead: `peer_limitador_cluster`, the same
 filter and descriptor against Limitador with its Redis storage (the same Redis), whose
 CPU then stands in the shim's column.
 
+The same filter as an Envoy dynamic module (issue #45; `make native` builds
+target/shim/libratelimit_native.so, which Envoy finds through
+`ENVOY_DYNAMIC_MODULES_SEARCH_PATH`), with the Wasm filter's plugin JSON, beside the
+Wasm filter's rows of the same rule:
+
+  - `wasm_leased_cluster`, `module_exact_cluster`, `module_leased_cluster`: the exact rule,
+    and the same rule with a lease (100, 1s), as bench/run.py's `rl_leased`;
+  - `wasm_local_cluster`, `module_local_cluster`: the same rule with `scope: "local"`;
+  - `local_ratelimit_cluster`: Envoy's own `local_ratelimit` admitting everything
+    (bench/run.py's `native_local`), the yardstick of the local rows.
+
 And two floors of the Wasm rows, from bench/passthrough: `wasm_passthrough_cluster`
 (a Wasm filter doing nothing) and `probe_call_cluster` (pausing each request, one HTTP
 call to the shim's /healthz per batch of paused requests, resuming them: the exact
@@ -30,6 +41,7 @@ bench/out/rls.json and bench/out/rls.md.
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -67,10 +79,34 @@ class Peer:
             sys.exit("bench: Limitador did not start; see bench/out/peer.log")
 
 
-def wasm_exact():
+NATIVE_MODULE_DIR = bench.ROOT / "target" / "shim"  # `make native`'s libratelimit_native.so
+LEASE = {"lease": {"size": 100, "ttl": "1s"}}  # as bench/run.py's rl_leased
+LOCAL = {"scope": "local"}
+
+
+def plugin(extra=None):
+    """The plugin JSON of every limiter row here: one token-bucket rule on x-api-key."""
     rule = {"name": "bench", "key": [{"header": "x-api-key"}], "limit": bench.ADMIT_ALL, "period": "1s"}
-    return [bench.wasm_filter("ratelimit", bench.RATELIMIT_WASM,
-                              {"shim_cluster": "ratelimit_shim", "rules": [rule]})]
+    rule.update(extra or {})
+    return {"shim_cluster": "ratelimit_shim", "rules": [rule]}
+
+
+def wasm_exact(extra=None):
+    return [bench.wasm_filter("ratelimit", bench.RATELIMIT_WASM, plugin(extra))]
+
+
+def module(extra=None):
+    """The filter as an Envoy dynamic module, with the Wasm row's plugin JSON."""
+    return [{
+        "name": "envoy.filters.http.dynamic_modules",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+            "dynamic_module_config": {"name": "ratelimit_native"},
+            "filter_name": "ratelimit",
+            "filter_config": {"@type": "type.googleapis.com/google.protobuf.StringValue",
+                              "value": json.dumps(plugin(extra))},
+        },
+    }]
 
 
 NATIVE_FILTER = {
@@ -130,7 +166,8 @@ def measure(procs, name, filters, shim, redis, args, shape=None, service=None):
 
 
 ORDER = ["baseline_cluster", "wasm_passthrough_cluster", "probe_call_cluster", "wasm_exact_cluster",
-         "native_rls_cluster", "peer_limitador_cluster"]
+         "wasm_leased_cluster", "wasm_local_cluster", "module_exact_cluster", "module_leased_cluster",
+         "module_local_cluster", "local_ratelimit_cluster", "native_rls_cluster", "peer_limitador_cluster"]
 
 
 def table(runs):
@@ -160,6 +197,10 @@ def main():
     parser.add_argument("--runs", type=int, default=2, help="times the configurations are measured")
     parser.add_argument("--peer", help="a limitador-server binary: adds the peer's row")
     args = parser.parse_args()
+    if not (NATIVE_MODULE_DIR / "libratelimit_native.so").exists():
+        sys.exit("bench: target/shim/libratelimit_native.so is missing (run `make native`)")
+    # Read by every Envoy started here (the Wasm rows ignore it).
+    os.environ["ENVOY_DYNAMIC_MODULES_SEARCH_PATH"] = str(NATIVE_MODULE_DIR)
     bench.OUT.mkdir(parents=True, exist_ok=True)
     limits = bench.OUT / "rls-limits.yaml"
     limits.write_text(LIMITS)
@@ -175,6 +216,12 @@ def main():
                    ("wasm_passthrough_cluster", [bench.wasm_filter("passthrough", passthrough, None)], None, None),
                    ("probe_call_cluster", [bench.wasm_filter("passthrough", passthrough, "call:1")], None, None),
                    ("wasm_exact_cluster", wasm_exact(), None, None),
+                   ("wasm_leased_cluster", wasm_exact(LEASE), None, None),
+                   ("wasm_local_cluster", wasm_exact(LOCAL), None, None),
+                   ("module_exact_cluster", module(), None, None),
+                   ("module_leased_cluster", module(LEASE), None, None),
+                   ("module_local_cluster", module(LOCAL), None, None),
+                   ("local_ratelimit_cluster", [bench.NATIVE_LOCAL_RATELIMIT], None, None),
                    ("native_rls_cluster", [NATIVE_FILTER], to_grpc(grpc_port), None)]
         if args.peer:
             peer = Peer(procs, args.peer, redis)
@@ -185,7 +232,7 @@ def main():
             for name, filters, shape, service in (configs if run % 2 == 0 else configs[::-1]):
                 results[name] = measure(procs, name, filters, shim, redis, args, shape, service)
                 fixed = results[name]["fixed"]
-                print(f"  {name:19} {results[name]['closed']['rps']:8.0f} req/s  "
+                print(f"  {name:24} {results[name]['closed']['rps']:8.0f} req/s  "
                       f"p50 {fixed['latency_ms'].get('p50', 0):.3f} ms  "
                       f"envoy {fixed['envoy_cpu_us_per_req'] or 0:.1f} us/req", flush=True)
             runs.append(results)

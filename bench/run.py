@@ -485,8 +485,10 @@ def delta(before, after):
     scripts = sum(v for k, v in commands.items() if k.startswith(("eval", "fcall")))
     wasm = {}
     for name in after.stats:
-        if name.startswith("wasmcustom.ratelimit.") and d(name):
-            wasm[name.removeprefix("wasmcustom.ratelimit.")] = d(name)
+        # The Wasm filter's stats, or the dynamic module's (the same names, another prefix).
+        for prefix in ("wasmcustom.ratelimit.", "dynamicmodulescustom.ratelimit."):
+            if name.startswith(prefix) and d(name):
+                wasm[name.removeprefix(prefix)] = wasm.get(name.removeprefix(prefix), 0) + d(name)
     # Checks sent to the shim (a call may carry several), from the filter's own counters.
     # (`shim_calls` is the counter's name in builds before the calls were batched.)
     checks = sum(v for k, v in wasm.items() if k.endswith((".shim_checks", ".shim_calls")))
