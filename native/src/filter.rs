@@ -16,6 +16,7 @@ use ratelimit_wasm::attributes::header_text;
 use ratelimit_wasm::dispatch::host::{Flow, Host, LogLevel};
 use ratelimit_wasm::dispatch::paused::PendingRequest;
 use ratelimit_wasm::dispatch::rounds::CallAnswer;
+use ratelimit_wasm::plan::{reads_response_body, READABLE_BODY_HEADERS};
 use ratelimit_wasm::wire::VERSION_HEADER;
 use std::cell::Cell;
 use std::rc::Rc;
@@ -79,14 +80,7 @@ impl Filter {
             if planned.is_empty() {
                 return abi::HEADERS_CONTINUE;
             }
-            let reads_body = planned.iter().any(|check| {
-                check
-                    .rule
-                    .cost_from_response
-                    .as_ref()
-                    .is_some_and(|cost| cost.reads_body())
-            });
-            if reads_body {
+            if reads_response_body(&planned) {
                 self.ask_for_a_readable_body();
             }
             // Paused before the worker runs, so that a call it makes now for this
@@ -231,12 +225,7 @@ impl Filter {
     /// For a request whose cost is read from its response body: nothing the client
     /// sends may make that body unreadable (as the Wasm filter's `http.rs`).
     fn ask_for_a_readable_body(&self) {
-        for (name, value) in [
-            ("accept-encoding", Some("identity")),
-            ("te", Some("trailers")),
-            ("range", None),
-            ("if-range", None),
-        ] {
+        for (name, value) in READABLE_BODY_HEADERS {
             if !self.stream.set_header(abi::REQUEST_HEADERS, name, value) {
                 crate::envoy::log(abi::LOG_WARN, &format!("cannot set the request's {name}"));
             }

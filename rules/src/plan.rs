@@ -68,6 +68,30 @@ pub fn tier_for<'a>(rule: &'a Rule, request: &impl RequestAttributes, hops: u32)
     })
 }
 
+/// Whether a planned rule reads its cost from the response body (this filter, or
+/// Envoy's AI protocol manager): the request must then ask for the whole body,
+/// uncompressed ([`READABLE_BODY_HEADERS`]).
+pub fn reads_response_body(planned: &[PlannedCheck]) -> bool {
+    planned.iter().any(|check| {
+        check
+            .rule
+            .cost_from_response
+            .as_ref()
+            .is_some_and(|cost| cost.reads_body())
+    })
+}
+
+/// What such a request is sent upstream with, so that nothing the client sends makes
+/// its body unreadable, and so cheaper: an uncompressed body (`accept-encoding:
+/// identity`, and `te` no transfer coding beyond trailers), all of it (no `range`).
+/// `None` removes the header.
+pub const READABLE_BODY_HEADERS: [(&str, Option<&str>); 4] = [
+    ("accept-encoding", Some("identity")),
+    ("te", Some("trailers")),
+    ("range", None),
+    ("if-range", None),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

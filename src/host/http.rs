@@ -10,6 +10,7 @@ use super::wasm_host::Worker;
 use crate::attributes::header_text;
 use crate::dispatch::host::{Flow, Host};
 use crate::dispatch::paused::PendingRequest;
+use crate::plan::{reads_response_body, READABLE_BODY_HEADERS};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel, MapType};
 use std::rc::Rc;
@@ -57,14 +58,7 @@ impl HttpContext for HttpFilter {
         if planned.is_empty() {
             return Action::Continue;
         }
-        let reads_body = planned.iter().any(|check| {
-            check
-                .rule
-                .cost_from_response
-                .as_ref()
-                .is_some_and(|cost| cost.reads_body())
-        });
-        if reads_body {
+        if reads_response_body(&planned) {
             ask_for_a_readable_body();
         }
         let transition = self.request.start(&worker, planned, worker.host.now_ms());
@@ -130,17 +124,10 @@ fn values_of(map: &[(String, Vec<u8>)], name: &str) -> Vec<String> {
         .collect()
 }
 
-/// For a request whose cost is read from its response body: nothing the client sends
-/// may make that body unreadable, and so cheaper. The upstream is asked for an
-/// uncompressed body (`accept-encoding: identity`, and `te` no transfer coding beyond
-/// trailers), and for the whole of it (no `range`).
+/// For a request whose cost is read from its response body: the whole body,
+/// uncompressed ([`READABLE_BODY_HEADERS`]).
 fn ask_for_a_readable_body() {
-    for (name, value) in [
-        ("accept-encoding", Some("identity")),
-        ("te", Some("trailers")),
-        ("range", None),
-        ("if-range", None),
-    ] {
+    for (name, value) in READABLE_BODY_HEADERS {
         if let Err(error) = set_request_header(name, value) {
             log(
                 LogLevel::Warn,
